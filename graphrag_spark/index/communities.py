@@ -1,0 +1,147 @@
+"""Stage 5, communities: hierarchical Leiden on the driver, membership joined back in Spark.
+
+The driver receives only the edge list as compact integer arrays (node = entity
+human_readable_id). graspologic's hierarchical Leiden (seeded) returns a cluster per node
+per level; a node whose cluster is not split further is *projected down*: it keeps that
+cluster at every finer level, so each level C0..Cn is a partition of all clustered nodes.
+Community ids are content hashes of (level, sorted member node ids), so the same graph and
+seed always give the same ids; the human-readable ``community`` number orders communities
+by level, size (descending) and id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from graphrag_spark.config import CommunitiesConfig
+from graphrag_spark.ids import content_id
+
+MEMBERSHIP_COLUMNS = ["node", "level", "community_key"]
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """``membership``: node, level, community (int); ``communities``: community, id, level, parent, children, size."""
+
+    membership: pd.DataFrame
+    communities: pd.DataFrame
+    excluded_nodes: int
+
+
+def largest_component_mask(sources: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Boolean mask over edges: True for edges inside the largest connected component."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    nodes, inverse = np.unique(np.concatenate([sources, targets]), return_inverse=True)
+    n = len(nodes)
+    matrix = coo_matrix((np.ones(len(sources)), (inverse[: len(sources)], inverse[len(sources):])), shape=(n, n))
+    _, labels = connected_components(matrix, directed=False)
+    largest = np.bincount(labels).argmax()
+    return labels[inverse[: len(sources)]] == largest
+
+
+def run_leiden(sources: np.ndarray, targets: np.ndarray, weights: np.ndarray, cfg: CommunitiesConfig) -> pd.DataFrame:
+    """Raw hierarchical Leiden: node, cluster, level, parent_cluster, is_final_cluster (one row per node and level)."""
+    import graspologic_native as gn
+
+    # A sorted edge list makes the result independent of the order Spark returned the edges in.
+    order = np.lexsort((targets, sources))
+    edges = [(str(s), str(t), float(w)) for s, t, w in zip(sources[order], targets[order], weights[order])]
+    result = gn.hierarchical_leiden(edges, resolution=cfg.resolution, max_cluster_size=cfg.max_cluster_size, seed=cfg.seed)
+    return pd.DataFrame([(int(r.node), r.cluster, r.level, r.parent_cluster, r.is_final_cluster) for r in result],
+                        columns=["node", "cluster", "level", "parent_cluster", "is_final_cluster"])
+
+
+def project_levels(raw: pd.DataFrame, max_levels: int) -> pd.DataFrame:
+    """Per node and level 0..L, the node's cluster, projecting final clusters down to finer levels."""
+    if raw.empty:
+        return pd.DataFrame(columns=["node", "level", "cluster"])
+    raw = raw[raw["level"] < max_levels]
+    deepest = int(raw["level"].max())
+    per_node = raw.pivot_table(index="node", columns="level", values="cluster", aggfunc="first")
+    per_node = per_node.reindex(columns=range(deepest + 1)).ffill(axis=1)
+    long = per_node.stack().reset_index()
+    long.columns = ["node", "level", "cluster"]
+    return long.astype({"node": "int64", "level": "int32", "cluster": "int64"})
+
+
+def build_hierarchy(raw: pd.DataFrame, max_levels: int, excluded_nodes: int = 0) -> Hierarchy:
+    """Deterministic communities from raw Leiden output (pure)."""
+    projected = project_levels(raw, max_levels)
+    if projected.empty:
+        empty = pd.DataFrame(columns=["community", "id", "level", "parent", "children", "size"])
+        return Hierarchy(pd.DataFrame(columns=["node", "level", "community"]), empty, excluded_nodes)
+    groups = projected.groupby(["level", "cluster"])["node"].apply(lambda s: sorted(s.tolist())).reset_index()
+    groups["id"] = [content_id("community", level, ",".join(map(str, members)))
+                    for level, members in zip(groups["level"], groups["node"])]
+    groups["size"] = groups["node"].map(len)
+    groups = groups.sort_values(["level", "size", "id"], ascending=[True, False, True]).reset_index(drop=True)
+    groups["community"] = np.arange(len(groups), dtype="int64")
+    membership = projected.merge(groups[["level", "cluster", "community"]], on=["level", "cluster"])
+    # Parent of a level-l community: the level l-1 community of any of its members.
+    probe = pd.DataFrame({"community": groups["community"], "node": groups["node"].map(lambda m: m[0]),
+                          "level": groups["level"] - 1})
+    parents = probe.merge(membership[["node", "level", "community"]].rename(columns={"community": "parent"}),
+                          on=["node", "level"], how="left")
+    groups["parent"] = groups["community"].map(parents.set_index("community")["parent"]).fillna(-1).astype("int64")
+    children = groups[groups["parent"] >= 0].groupby("parent")["community"].apply(lambda s: sorted(s.tolist()))
+    groups["children"] = groups["community"].map(children).map(lambda c: c if isinstance(c, list) else [])
+    communities = groups[["community", "id", "level", "parent", "children", "size"]]
+    return Hierarchy(membership[["node", "level", "community"]].reset_index(drop=True), communities, excluded_nodes)
+
+
+def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataFrame,
+                  cfg: CommunitiesConfig, largest_component_only: bool) -> tuple[DataFrame, dict]:
+    """The communities table (Spark) and counts for the run summary."""
+    node_ids = entities.select(F.col("title"), F.col("human_readable_id").alias("node"))
+    edges = (relationships.select("source", "target", "weight")
+             .join(node_ids.withColumnRenamed("title", "source").withColumnRenamed("node", "s"), "source")
+             .join(node_ids.withColumnRenamed("title", "target").withColumnRenamed("node", "t"), "target")
+             .select("s", "t", "weight").toPandas())
+    sources, targets, weights = (edges[c].to_numpy() for c in ("s", "t", "weight"))
+    n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(edges) else 0
+    if largest_component_only and len(edges):
+        keep = largest_component_mask(sources, targets)
+        sources, targets, weights = sources[keep], targets[keep], weights[keep]
+    raw = run_leiden(sources, targets, weights, cfg) if len(sources) else pd.DataFrame(
+        columns=["node", "cluster", "level", "parent_cluster", "is_final_cluster"])
+    kept_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
+    hierarchy = build_hierarchy(raw, cfg.max_levels, excluded_nodes=n_nodes - kept_nodes)
+    table = communities_table(spark, hierarchy, entities, relationships)
+    per_level = hierarchy.communities.groupby("level").size().to_dict()
+    counts = {"communities": len(hierarchy.communities), "communities_per_level": {int(k): int(v) for k, v in per_level.items()},
+              "clustered_entities": kept_nodes, "excluded_from_clustering": hierarchy.excluded_nodes}
+    return table, counts
+
+
+def communities_table(spark: SparkSession, hierarchy: Hierarchy, entities: DataFrame, relationships: DataFrame) -> DataFrame:
+    """Join membership back to entity ids, internal relationships and their text units, in Spark."""
+    membership = spark.createDataFrame(hierarchy.membership.astype({"node": "int64", "level": "int32", "community": "int64"}),
+                                       "node long, level int, community long")
+    meta = spark.createDataFrame(
+        hierarchy.communities.astype({"community": "int64", "level": "int32", "parent": "int64", "size": "int32"}),
+        "community long, id string, level int, parent long, children array<long>, size int")
+    members = membership.join(entities.select(F.col("human_readable_id").alias("node"), F.col("id").alias("entity_id"),
+                                              "title", "degree"), "node")
+    entity_lists = members.groupBy("community").agg(
+        F.sort_array(F.collect_list("entity_id")).alias("entity_ids"),
+        F.slice(F.sort_array(F.collect_list(F.struct(-F.col("degree"), F.col("title"))), asc=True), 1, 3).alias("top"))
+    src = members.select(F.col("title").alias("source"), F.col("community"), F.col("level"))
+    tgt = members.select(F.col("title").alias("target"), F.col("community"), F.col("level"))
+    internal = (relationships.select("source", "target", F.col("id").alias("relationship_id"), "text_unit_ids")
+                .join(src, "source").join(tgt, ["target", "community", "level"]))
+    relationship_lists = internal.groupBy("community").agg(
+        F.sort_array(F.collect_list("relationship_id")).alias("relationship_ids"),
+        F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"))
+    return (meta.join(entity_lists, "community").join(relationship_lists, "community", "left")
+            .withColumn("title", F.concat(F.lit("Community "), F.col("community").cast("string"), F.lit(": "),
+                                          F.array_join(F.col("top.title"), ", ")))
+            .withColumn("relationship_ids", F.coalesce("relationship_ids", F.array().cast("array<string>")))
+            .withColumn("text_unit_ids", F.coalesce("text_unit_ids", F.array().cast("array<string>")))
+            .drop("top"))

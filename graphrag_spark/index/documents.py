@@ -1,0 +1,210 @@
+"""Stage 1, documents: read a folder or table into one row per distinct document.
+
+Files are read by Spark's ``binaryFile`` source and decoded in executors. Anything
+unusable (empty, binary, non-UTF-8, oversized, a JSON line without text) becomes a
+row of ``input_rejects`` with its reason: skipped and counted, never silently lost.
+Identical content is stored once; the other sources are kept in ``duplicate_sources``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.config import InputConfig
+from graphrag_spark.errors import UserError
+from graphrag_spark.ids import content_id, normalize_text
+
+_FORMAT_BY_SUFFIX = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
+                     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+_PARSED_COLUMNS = ["kind", "id", "title", "text", "source", "metadata", "reason", "n_bytes"]
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    format: str
+    text_column: str
+    title_column: str
+    max_document_bytes: int
+
+    @classmethod
+    def from_config(cls, cfg: InputConfig) -> "ReaderOptions":
+        return cls(cfg.format, cfg.text_column, cfg.title_column, cfg.max_document_bytes)
+
+
+def _reject(source: str, reason: str, n_bytes: int) -> dict:
+    return {"kind": "reject", "source": source, "reason": reason, "n_bytes": n_bytes}
+
+
+def _document(source: str, text: str, title: str | None, metadata: dict[str, str], opts: ReaderOptions) -> dict:
+    n_bytes = len(text.encode("utf-8"))
+    if n_bytes > opts.max_document_bytes:
+        return _reject(source, f"document is {n_bytes} bytes, above input.max_document_bytes={opts.max_document_bytes}", n_bytes)
+    normalized = normalize_text(text)
+    if not normalized:
+        return _reject(source, "empty document (no text after trimming whitespace)", n_bytes)
+    return {"kind": "document", "id": content_id(normalized), "title": title or PurePosixPath(source).stem,
+            "text": normalized, "source": source, "metadata": metadata, "n_bytes": n_bytes}
+
+
+def _decode(content: bytes) -> str | None:
+    """UTF-8 (with or without BOM) or None: guessing another codec would silently garble text."""
+    try:
+        return content.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+
+
+def file_format(path: str, configured: str) -> str | None:
+    if configured != "auto":
+        return configured
+    return _FORMAT_BY_SUFFIX.get(PurePosixPath(path).suffix.lower())
+
+
+def parse_file(path: str, content: bytes, opts: ReaderOptions) -> list[dict]:
+    """Turn one input file into document rows and/or reject rows (pure; runs in executors)."""
+    fmt = file_format(path, opts.format)
+    if fmt is None:
+        return [_reject(path, f"unsupported file type '{PurePosixPath(path).suffix}' (use .txt, .md, .jsonl or .csv)", len(content))]
+    if not content.strip():
+        return [_reject(path, "empty file", len(content))]
+    if b"\x00" in content[:8192]:
+        return [_reject(path, "binary file (contains NUL bytes)", len(content))]
+    text = _decode(content)
+    if text is None:
+        return [_reject(path, "not valid UTF-8; re-encode the file as UTF-8", len(content))]
+    if fmt in ("text", "markdown"):
+        heading = _HEADING.search(text) if fmt == "markdown" else None
+        return [_document(path, text, heading.group(1) if heading else None, {"format": fmt}, opts)]
+    if fmt == "jsonl":
+        return list(_parse_jsonl(path, text, opts))
+    return list(_parse_csv(path, text, opts))
+
+
+def _record_document(source: str, record: dict, opts: ReaderOptions) -> dict:
+    value = record.get(opts.text_column)
+    if not isinstance(value, str):
+        return _reject(source, f"no string field '{opts.text_column}' (set input.text_column)", 0)
+    title = record.get(opts.title_column)
+    metadata = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                for k, v in record.items() if k not in (opts.text_column, opts.title_column) and v is not None}
+    return _document(source, value, str(title) if title not in (None, "") else None, metadata, opts)
+
+
+def _parse_jsonl(path: str, text: str, opts: ReaderOptions) -> Iterator[dict]:
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        source = f"{path}#L{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield _reject(source, f"invalid JSON: {exc.msg}", len(line))
+            continue
+        if not isinstance(record, dict):
+            yield _reject(source, "JSON line is not an object", len(line))
+            continue
+        yield _record_document(source, record, opts)
+
+
+def _parse_csv(path: str, text: str, opts: ReaderOptions) -> Iterator[dict]:
+    reader = csv.DictReader(io.StringIO(text))
+    if opts.text_column not in (reader.fieldnames or []):
+        yield _reject(path, f"CSV has no column '{opts.text_column}' (columns: {reader.fieldnames}); set input.text_column", len(text))
+        return
+    for row_number, row in enumerate(reader, start=1):
+        yield _record_document(f"{path}#row{row_number}", row, opts)
+
+
+def _parsed_frame(rows: list[dict]) -> pd.DataFrame:
+    """Metadata travels as JSON text (Arrow's map conversion from pandas is fragile) and is parsed in Spark."""
+    frame = pd.DataFrame(rows, columns=_PARSED_COLUMNS)
+    frame["n_bytes"] = frame["n_bytes"].fillna(0).astype("int64")
+    frame["metadata"] = frame["metadata"].map(lambda m: json.dumps(m) if isinstance(m, dict) else None)
+    return frame
+
+
+_PARSED_SCHEMA = ("kind string, id string, title string, text string, source string, "
+                  "metadata string, reason string, n_bytes long")
+
+
+def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFrame:
+    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
+             .select("path", "length", "content"))
+
+    def parse_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            rows = []
+            for file_path, content in zip(batch["path"], batch["content"]):
+                rows.extend(parse_file(file_path, bytes(content), opts))
+            yield _parsed_frame(rows)
+
+    # Oversized files are rejected from their length alone: their bytes never leave storage.
+    too_big = files.where(F.col("length") > opts.max_document_bytes).select(
+        F.lit("reject").alias("kind"), F.lit(None).cast("string").alias("id"), F.lit(None).cast("string").alias("title"),
+        F.lit(None).cast("string").alias("text"), F.col("path").alias("source"),
+        F.lit(None).cast("string").alias("metadata"),
+        F.concat(F.lit("file is "), F.col("length").cast("string"),
+                 F.lit(f" bytes, above input.max_document_bytes={opts.max_document_bytes}")).alias("reason"),
+        F.col("length").alias("n_bytes"))
+    parsed = files.where(F.col("length") <= opts.max_document_bytes).mapInPandas(parse_partition, _PARSED_SCHEMA)
+    return parsed.unionByName(too_big)
+
+
+def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions) -> DataFrame:
+    source = spark.read.format("delta").load(cfg.path) if cfg.format == "delta" else spark.table(cfg.path)
+    if cfg.text_column not in source.columns:
+        raise UserError(f"Input table '{cfg.path}' has no column '{cfg.text_column}' (columns: {source.columns}); set input.text_column.")
+    record = F.to_json(F.struct(*[F.col(c) for c in source.columns]))
+
+    def parse_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            rows = [_record_document(f"{cfg.path}#{i}", json.loads(r), opts) for i, r in zip(batch["row"], batch["record"])]
+            yield _parsed_frame(rows)
+
+    indexed = source.select(record.alias("record")).withColumn("row", F.monotonically_increasing_id())
+    return indexed.mapInPandas(parse_partition, _PARSED_SCHEMA)
+
+
+def _check_input_path(spark: SparkSession, cfg: InputConfig) -> None:
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(cfg.path)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        raise UserError(f"Input path '{cfg.path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files.")
+    if fs.getFileStatus(hadoop_path).isDirectory() and fs.getContentSummary(hadoop_path).getFileCount() == 0:
+        raise UserError(f"Input folder '{cfg.path}' contains no files; add documents or point input.path elsewhere.")
+
+
+def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, DataFrame, dict]:
+    """Returns (documents, rejects, counts). Duplicates keep the smallest source path as canonical."""
+    opts = ReaderOptions.from_config(cfg)
+    if cfg.format in ("delta", "table"):
+        parsed = _read_table(spark, cfg, opts)
+    else:
+        _check_input_path(spark, cfg)
+        parsed = _read_files(spark, cfg.path, opts)
+    parsed = parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>")).persist()
+    rejects = parsed.where("kind = 'reject'").select("source", "reason", "n_bytes")
+    docs = parsed.where("kind = 'document'")
+    documents = (docs.groupBy("id").agg(
+        F.min_by(F.struct("source", "title", "text", "metadata"), F.col("source")).alias("first"),
+        F.array_sort(F.collect_list("source")).alias("all_sources"))
+        .select("id", "first.title", "first.text", "first.source",
+                F.array_remove(F.col("all_sources"), F.col("first.source")).alias("duplicate_sources"),
+                "first.metadata", F.length("first.text").cast("long").alias("n_chars")))
+    n_read = docs.count()
+    n_rejected = rejects.count()
+    n_documents = documents.count()
+    return documents, rejects, {"documents": n_documents, "duplicates": n_read - n_documents, "rejected": n_rejected}

@@ -1,0 +1,121 @@
+"""Table names, their schemas, and Delta read/write: the one place the index layout is defined.
+
+Every persisted table is a Delta table, either a path ``<storage.root>/<name>`` or a
+metastore table ``<storage.database>.<name>``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from graphrag_spark.config import StorageConfig
+
+
+def _schema(*fields: tuple[str, object]) -> StructType:
+    return StructType([StructField(name, dtype, True) for name, dtype in fields])
+
+
+STR, INT, LONG, DBL = StringType(), IntegerType(), LongType(), DoubleType()
+STRS = ArrayType(StringType())
+INTS = ArrayType(IntegerType())
+
+DOCUMENTS = "documents"
+INPUT_REJECTS = "input_rejects"
+TEXT_UNITS = "text_units"
+ENTITY_INSTANCES = "entity_instances"
+RELATIONSHIP_INSTANCES = "relationship_instances"
+CLAIMS = "claims"
+ENTITIES = "entities"
+RELATIONSHIPS = "relationships"
+COMMUNITIES = "communities"
+COMMUNITY_REPORTS = "community_reports"
+LLM_CALLS = "llm_calls"
+LLM_USAGE = "llm_usage"
+
+SCHEMAS: dict[str, StructType] = {
+    DOCUMENTS: _schema(
+        ("id", STR), ("title", STR), ("text", STR), ("source", STR), ("duplicate_sources", STRS),
+        ("metadata", MapType(StringType(), StringType())), ("n_chars", LONG),
+    ),
+    # Inputs that were skipped, with the reason: counted, never silently dropped.
+    INPUT_REJECTS: _schema(("source", STR), ("reason", STR), ("n_bytes", LONG)),
+    TEXT_UNITS: _schema(("id", STR), ("document_id", STR), ("chunk_index", INT), ("text", STR), ("n_tokens", INT)),
+    ENTITY_INSTANCES: _schema(
+        ("id", STR), ("text_unit_id", STR), ("name", STR), ("type", STR), ("description", STR), ("method", STR),
+    ),
+    RELATIONSHIP_INSTANCES: _schema(
+        ("id", STR), ("text_unit_id", STR), ("source", STR), ("target", STR), ("description", STR),
+        ("strength", DBL), ("method", STR),
+    ),
+    CLAIMS: _schema(
+        ("id", STR), ("text_unit_id", STR), ("subject", STR), ("object", STR), ("type", STR), ("status", STR),
+        ("start_date", STR), ("end_date", STR), ("description", STR), ("source_text", STR),
+    ),
+    ENTITIES: _schema(
+        ("id", STR), ("human_readable_id", LONG), ("title", STR), ("type", STR), ("type_variants", STRS),
+        ("description", STR), ("text_unit_ids", STRS), ("frequency", LONG), ("degree", LONG),
+    ),
+    RELATIONSHIPS: _schema(
+        ("id", STR), ("human_readable_id", LONG), ("source", STR), ("target", STR), ("description", STR),
+        ("weight", DBL), ("text_unit_ids", STRS), ("combined_degree", LONG),
+    ),
+    COMMUNITIES: _schema(
+        ("id", STR), ("community", INT), ("level", INT), ("parent", INT), ("children", INTS), ("title", STR),
+        ("entity_ids", STRS), ("relationship_ids", STRS), ("text_unit_ids", STRS), ("size", INT),
+    ),
+    COMMUNITY_REPORTS: _schema(
+        ("id", STR), ("community", INT), ("level", INT), ("title", STR), ("summary", STR), ("rating", DBL),
+        ("rating_explanation", STR), ("findings", ArrayType(_schema(("summary", STR), ("explanation", STR)))),
+        ("full_content", STR), ("method", STR),
+    ),
+}
+
+
+class TableStore:
+    """Reads and writes the index's Delta tables under one root (path or database)."""
+
+    def __init__(self, spark: SparkSession, storage: StorageConfig):
+        self.spark = spark
+        self.storage = storage
+
+    def location(self, name: str) -> str:
+        if self.storage.database:
+            return f"{self.storage.database}.{name}"
+        return f"{self.storage.root.rstrip('/')}/{name}"
+
+    def exists(self, name: str) -> bool:
+        if self.storage.database:
+            return self.spark.catalog.tableExists(self.location(name))
+        from delta.tables import DeltaTable
+
+        return DeltaTable.isDeltaTable(self.spark, self.location(name))
+
+    def read(self, name: str) -> DataFrame:
+        if self.storage.database:
+            return self.spark.table(self.location(name))
+        return self.spark.read.format("delta").load(self.location(name))
+
+    def read_or_empty(self, name: str) -> DataFrame:
+        return self.read(name) if self.exists(name) else self.spark.createDataFrame([], SCHEMAS[name])
+
+    def write(self, df: DataFrame, name: str, mode: str = "overwrite") -> None:
+        """Write with the declared schema (column order and types enforced here, once)."""
+        if name in SCHEMAS:
+            schema = SCHEMAS[name]
+            df = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
+        writer = df.write.format("delta").mode(mode).option("overwriteSchema", "true" if mode == "overwrite" else "false")
+        if self.storage.database:
+            self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {self.storage.database}")
+            writer.saveAsTable(self.location(name))
+        else:
+            writer.save(self.location(name))

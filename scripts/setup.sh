@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Idempotent setup: Python venv with the pinned packages, the project installed editable.
+# The Delta JARs are fetched from Maven Central into .cache/ivy on the first Spark start.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON_BIN="${PYTHON_BIN:-python3.11}"
+command -v "$PYTHON_BIN" >/dev/null 2>&1 || PYTHON_BIN=python3
+command -v java >/dev/null 2>&1 || { echo "error: Java 17+ is required by Spark; install a JDK (e.g. apt-get install openjdk-17-jre-headless)." >&2; exit 2; }
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON_BIN" -m venv .venv
+fi
+stamp=.venv/.graphrag-setup-stamp
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+fi
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+# Fetch the Delta JARs from Maven Central once per machine.
+if ! ls .cache/ivy/jars/io.delta_delta-spark_* >/dev/null 2>&1; then
+  SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" .venv/bin/python -m graphrag_spark.session --warm
+fi

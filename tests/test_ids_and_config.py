@@ -1,0 +1,57 @@
+import pytest
+
+from graphrag_spark.config import load_config
+from graphrag_spark.errors import UserError
+from graphrag_spark.ids import content_id, normalize_name, normalize_text
+
+
+def test_content_ids_are_stable_and_separator_safe():
+    assert content_id("a", "b") == content_id("a", "b")
+    assert content_id("ab", "c") != content_id("a", "bc")
+
+
+def test_normalized_text_ignores_line_endings_and_trailing_space():
+    assert normalize_text("Hello  \r\nworld\r\n\n") == normalize_text("Hello\nworld")
+
+
+def test_name_matching_modes():
+    assert normalize_name("  elena   Voss ") == "ELENA VOSS"
+    assert normalize_name("Dr. Jekyll") != normalize_name("DR JEKYLL")
+    assert normalize_name("Dr. Jekyll", "folded") == normalize_name("DR JEKYLL", "folded")
+    assert normalize_name("Café", "folded") == "CAFE"
+
+
+def test_local_config_loads_with_documented_defaults():
+    cfg = load_config("conf/local.yaml")
+    assert cfg.extraction.method == "nlp"
+    assert (cfg.chunking.size, cfg.chunking.overlap) == (600, 100)
+    assert cfg.reports.max_input_tokens == 8000
+
+
+def test_overrides_and_env_substitution(tmp_path, monkeypatch):
+    monkeypatch.setenv("INDEX_ROOT", "/data/idx")
+    path = tmp_path / "c.yaml"
+    path.write_text("storage:\n  root: ${INDEX_ROOT}\nllm:\n  chat:\n    model: ${MODEL:-gpt-4o}\n")
+    cfg = load_config(path, ["chunking.size=300", "communities.max_cluster_size=5"])
+    assert cfg.storage.root == "/data/idx"
+    assert cfg.llm.chat.model == "gpt-4o"
+    assert cfg.chunking.size == 300 and cfg.communities.max_cluster_size == 5
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["chunking.overlap=700"], "must be smaller than chunking.size"),
+    (["extraction.method=magic"], "extraction.method"),
+    (["chunking.sise=3"], "chunking.sise"),
+])
+def test_invalid_config_fails_with_one_clear_sentence(overrides, message):
+    with pytest.raises(UserError, match=message):
+        load_config("conf/local.yaml", overrides)
+
+
+def test_missing_config_file_and_unset_env_var(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    path = tmp_path / "c.yaml"
+    path.write_text("llm:\n  chat:\n    api_base: ${SURELY_UNSET_VAR_123}\n")
+    with pytest.raises(UserError, match="SURELY_UNSET_VAR_123"):
+        load_config(path)
