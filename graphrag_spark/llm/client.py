@@ -1,0 +1,337 @@
+"""One LLM client for every stage: OpenAI, Azure OpenAI or any OpenAI-compatible endpoint.
+
+Built for calls from Spark executors: bounded concurrency per task, throttling to the
+task's share of the job budget, our own retries (the ``openai`` client's are disabled
+so that a 429 also slows down the task's other calls), and no exceptions for API
+failures: a call that finally fails returns a result with ``error`` set, so the stage
+writes a failure row instead of losing the item or killing the job.
+
+The API key is read from the environment variable named in the config when the client
+is built. It is handed to the ``openai`` client only; it is not an attribute of this
+class, not in its repr, and scrubbed from every error string we produce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import openai
+
+from graphrag_spark.config import LlmModelConfig
+from graphrag_spark.errors import UserError
+from graphrag_spark.llm.throttle import RateLimiter
+from graphrag_spark.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+
+LOCAL_PLACEHOLDER_KEY = "no-key-needed-for-local-server"
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+_BACKOFF_BASE_S = 0.5
+_BACKOFF_CAP_S = 30.0
+_RETRY_AFTER_CAP_S = 120.0
+_ERROR_CHARS = 300
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+
+@dataclass
+class CallResult:
+    """One chat call after all its attempts; ``error`` is None on success."""
+
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+    n_429: int = 0
+    cache_key: str = ""
+    item_id: str | None = None
+    stage: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class EmbedResult:
+    """One embeddings call (a batch of texts) after all its attempts."""
+
+    vectors: list[list[float]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    attempts: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+    n_429: int = 0
+    cache_key: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class ChatRequest:
+    """One independent chat call for ``run_batch``; a dict with the same keys works too."""
+
+    messages: list[dict[str, str]]
+    item_id: str | None = None
+    stage: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    json_mode: bool = False
+    logit_bias: dict[int, int] | None = None
+    prompt_version: str = ""
+
+
+def cache_key(model: str, messages: list[dict[str, str]], params: Mapping[str, Any], prompt_version: str) -> str:
+    """Deterministic key of a call: same model, conversation, parameters and prompt version = same answer."""
+    canonical = json.dumps(
+        {"model": model, "messages": messages, "params": params, "prompt_version": prompt_version},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """Server-requested wait: ``retry-after-ms``, else ``Retry-After`` as seconds or an HTTP date; capped."""
+    if not headers:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return min(_RETRY_AFTER_CAP_S, max(0.0, float(value) / divisor))
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value:
+        try:
+            when = email.utils.parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError):
+            return None
+        return min(_RETRY_AFTER_CAP_S, max(0.0, when - time.time()))
+    return None
+
+
+def backoff_seconds(attempt: int, retry_after: float | None, rng: random.Random) -> float:
+    """Full-jitter exponential backoff. A server's Retry-After is a floor, plus up to 10% so that tasks
+    told the same instant do not retry in lockstep."""
+    if retry_after is not None:
+        return retry_after * (1.0 + 0.1 * rng.random())
+    return rng.uniform(0.0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** (attempt - 1)))
+
+
+def _is_local(api_base: str | None) -> bool:
+    return api_base is not None and (urlparse(api_base).hostname or "") in _LOCAL_HOSTS
+
+
+def _read_api_key(cfg: LlmModelConfig) -> str:
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        return key
+    if _is_local(cfg.api_base):
+        return LOCAL_PLACEHOLDER_KEY
+    raise UserError(
+        f"Environment variable {cfg.api_key_env} is not set; export it with the API key for model '{cfg.model}' "
+        f"(or set llm.*.api_key_env to the variable that holds it)."
+    )
+
+
+def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenAI:
+    common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s)
+    if cfg.api_type == "azure":
+        if not cfg.api_base or not cfg.api_version:
+            raise UserError(
+                "Azure OpenAI needs llm.*.api_base (the resource endpoint) and llm.*.api_version; set both in the config."
+            )
+        return openai.AsyncAzureOpenAI(azure_endpoint=cfg.api_base, api_version=cfg.api_version, **common)
+    return openai.AsyncOpenAI(base_url=cfg.api_base, **common)
+
+
+def _is_retryable(exc: Exception) -> bool:
+    if isinstance(exc, (openai.APIConnectionError, TimeoutError)):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        if exc.code == "insufficient_quota":  # a 429 that only the billing page can fix
+            return False
+        return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+    return False
+
+
+def _error_headers(exc: Exception) -> Mapping[str, str] | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "headers", None)
+
+
+class LlmClient:
+    """Async chat and embeddings for one configured model; use as ``async with LlmClient(cfg, share) as client``."""
+
+    def __init__(self, cfg: LlmModelConfig, share: float = 1.0) -> None:
+        self.cfg = cfg
+        self._openai = _build_openai_client(cfg, _read_api_key(cfg))
+        self._limiter = RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
+        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        return f"LlmClient(model={self.cfg.model!r}, api_type={self.cfg.api_type!r}, api_base={self.cfg.api_base!r})"
+
+    async def __aenter__(self) -> LlmClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._openai.close()
+
+    def _scrub(self, text: str) -> str:
+        key = self._openai.api_key
+        return text.replace(key, "***") if isinstance(key, str) and key else text
+
+    async def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        json_mode: bool = False,
+        logit_bias: Mapping[int | str, int] | None = None,
+        item_id: str | None = None,
+        stage: str | None = None,
+        prompt_version: str = "",
+    ) -> CallResult:
+        """One chat completion with throttling and retries; never raises for API errors."""
+        params: dict[str, Any] = {
+            "temperature": self.cfg.temperature if temperature is None else temperature,
+            "max_tokens": max_tokens or self.cfg.max_tokens,
+        }
+        if json_mode:
+            params["response_format"] = {"type": "json_object"}
+        if logit_bias:
+            params["logit_bias"] = {str(token): bias for token, bias in logit_bias.items()}
+        key = cache_key(self.cfg.model, messages, params, prompt_version)
+        estimate = sum(count_tokens(m.get("content") or "") for m in messages)
+
+        async def call() -> Any:
+            return await self._openai.chat.completions.create(model=self.cfg.model, messages=messages, **params)
+
+        response, outcome = await self._with_retries(call, estimate, f"{stage or 'chat'}:{item_id}")
+        result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
+        if response is not None:
+            choice = response.choices[0]
+            result.text = choice.message.content or ""
+            result.finish_reason = choice.finish_reason
+            usage = response.usage
+            result.prompt_tokens = usage.prompt_tokens if usage else estimate
+            result.completion_tokens = usage.completion_tokens if usage else count_tokens(result.text)
+            self._limiter.settle(estimate, result.prompt_tokens + result.completion_tokens)
+        return result
+
+    async def embed(self, texts: list[str], *, item_id: str | None = None) -> EmbedResult:
+        """Embeddings of a batch of texts, in input order; never raises for API errors."""
+        key = cache_key(self.cfg.model, [{"role": "input", "content": t} for t in texts], {}, "")
+        estimate = sum(count_tokens(t) for t in texts)
+
+        async def call() -> Any:
+            return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float")
+
+        response, outcome = await self._with_retries(call, estimate, f"embed:{item_id}")
+        result = EmbedResult(cache_key=key, **outcome)
+        if response is not None:
+            result.vectors = [list(d.embedding) for d in sorted(response.data, key=lambda d: d.index)]
+            result.prompt_tokens = response.usage.prompt_tokens if response.usage else estimate
+            self._limiter.settle(estimate, result.prompt_tokens)
+        return result
+
+    async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str) -> tuple[T | None, dict]:
+        started = time.monotonic()
+        n_429 = 0
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._slots:
+                    await self._limiter.acquire(estimate)
+                    async with asyncio.timeout(self.cfg.timeout_s):
+                        response = await call()
+                return response, dict(attempts=attempt, latency_s=time.monotonic() - started, n_429=n_429, error=None)
+            except (openai.OpenAIError, TimeoutError) as exc:  # API failures end as an error result, bugs still raise
+                retryable = _is_retryable(exc)
+                retry_after = retry_after_seconds(_error_headers(exc))
+                if isinstance(exc, openai.RateLimitError):
+                    n_429 += 1
+                    self._limiter.on_rate_limited(retry_after)
+                if not retryable or attempt > self.cfg.max_retries:
+                    error = self._describe(exc, attempt)
+                    log.warning("LLM call %s failed: %s", label, error)
+                    return None, dict(attempts=attempt, latency_s=time.monotonic() - started, n_429=n_429, error=error)
+                delay = backoff_seconds(attempt, retry_after, self._rng)
+                log.debug("LLM call %s attempt %d: %s; retrying in %.2fs", label, attempt, type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+
+    def _describe(self, exc: Exception, attempts: int) -> str:
+        name = "Timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        detail = self._scrub(" ".join(str(exc).split()))[:_ERROR_CHARS]
+        return f"{name} after {attempts} attempt{'s' if attempts > 1 else ''}: {detail}".rstrip(": ")
+
+
+def _run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, also when the caller already runs a loop (notebooks)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make_coro())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def run_items(
+    items: Iterable[Item],
+    fn: Callable[[LlmClient, Item], Awaitable[T]],
+    cfg: LlmModelConfig,
+    share: float = 1.0,
+) -> list[T]:
+    """Run ``fn(client, item)`` for all items concurrently on one event loop and one client; results in input order.
+
+    The entry point for Spark pandas UDFs: ``share`` is this task's fraction of the job's budget.
+    """
+    items = list(items)
+
+    async def main() -> list[T]:
+        async with LlmClient(cfg, share) as client:
+            return list(await asyncio.gather(*(fn(client, item) for item in items)))
+
+    return _run_sync(main)
+
+
+def run_batch(
+    requests: Iterable[ChatRequest | Mapping[str, Any]], cfg: LlmModelConfig, share: float = 1.0
+) -> list[CallResult]:
+    """Independent chat calls (one per request), concurrently; results in input order."""
+
+    async def one(client: LlmClient, request: ChatRequest | Mapping[str, Any]) -> CallResult:
+        kwargs = dataclasses.asdict(request) if isinstance(request, ChatRequest) else dict(request)
+        return await client.chat(kwargs.pop("messages"), **kwargs)
+
+    return run_items(requests, one, cfg, share)

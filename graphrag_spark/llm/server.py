@@ -1,0 +1,758 @@
+"""A local OpenAI-compatible server that answers every prompt of the project, deterministically.
+
+No generative model can be downloaded offline, so tests, the benchmark and the offline
+demo talk to this server through the real ``openai`` client over real HTTP. It serves
+``POST /v1/chat/completions`` and ``POST /v1/embeddings`` (also under Azure's
+``/openai/deployments/<name>/...`` paths), ``GET /stats`` and ``POST /reset``.
+
+**How a prompt is recognised.** Each prompt file in ``prompts/`` contains one sentence
+that no other prompt contains (``MARKERS`` below; ``tests/test_llm_server.py`` checks
+the files against it). The kind is the first marker found in the last message, else in
+the earlier messages from last to first, so a gleaning turn is recognised by its own
+message while still seeing the chunk text earlier in the conversation.
+
+**How it answers** (all derived from the input text, so an index built through it is
+meaningful): extraction returns capitalised phrases as entities (type picked by a hash
+among the prompt's entity types, the first sentence mentioning them as description) and
+relationships between entities of the same sentence. About a quarter of the entities
+are held back from the first answer: the gleaning check answers Y while they are
+missing and the continuation returns them, so gleanings measurably add recall. Claims:
+one per related pair. Community reports: JSON built from the context tables with
+``[Data: ...]`` references to their ids. Global map: one point per context row whose
+words overlap the question, scored by that overlap (0 points = "cannot answer"),
+citing the row ids. Reduce: markdown keeping the citations. Other prompts: extractive
+summaries. Embeddings: unit vectors of signed hashed character trigrams, so similar
+texts get similar vectors.
+
+**Faults and limits** are decided per request from a hash of (seed, request body, how
+many times that body was seen), so runs are reproducible whatever the thread
+scheduling, and a retried request gets a fresh draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import re
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections import Counter, deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from graphrag_spark.tokens import count_tokens, get_encoding
+
+log = logging.getLogger(__name__)
+
+MARKERS: dict[str, str] = {
+    "gleaning_loop_check": "Answer with the single letter Y or N",
+    "gleaning_continue": "MANY entities were missed in the last extraction",
+    "entity_extraction": "turn it into knowledge-graph records",
+    "claims_extraction": "list the claims it makes about the entities of interest",
+    "summarize_descriptions": "Merge the descriptions below",
+    "community_report": "write a report about the community",
+    "global_map": "You are one of several analysts answering a question",
+    "global_reduce": "Several analysts each answered the question below",
+    "basic_search": "using only the text passages in the data tables below",
+    "local_search": "Answer the question about specific entities",
+    "raptor_summary": "Write a summary of the following, including as many key details as possible",
+}
+
+EMBEDDING_DIM = 384
+_SUMMARY_WORDS = 120
+_MAX_PAIRS_PER_SENTENCE = 6
+_STOPWORDS = set(
+    """a an and are as at be but by for from had has have he her his how i if in into is it its of on or our she
+    so than that the their them then there these they this those to was we were what when where which while who
+    why will with would you your not no yes do does did can could should may might about after before over under
+    also all any each many more most other some such only own same too very just here however""".split()
+)
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+_PHRASE = re.compile(r"[A-Z][A-Za-z0-9&'-]*(?:[ ]+[A-Z][A-Za-z0-9&'-]*)*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_TABLE_HEADER = re.compile(r"^-{3,}\s*([A-Za-z][A-Za-z ]*?)\s*-{3,}\s*$", re.MULTILINE)
+_YEAR = re.compile(r"\b(1[89]\d\d|20\d\d)\b")
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def classify(messages: list[dict]) -> str:
+    """The prompt kind of a conversation, by the markers of ``prompts/`` (see module docstring)."""
+    for message in reversed(messages):
+        content = _content(message)
+        for kind, marker in MARKERS.items():
+            if marker in content:
+                return kind
+    return "unknown"
+
+
+def _content(message: dict) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # multi-part content: keep the text parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content
+
+
+def _between(text: str, start: str, end: str) -> str:
+    """The text after the last ``start`` up to the next ``end``: the real data follows any few-shot examples."""
+    at = text.rfind(start)
+    if at < 0:
+        return ""
+    at += len(start)
+    stop = text.find(end, at)
+    return text[at : stop if stop >= 0 else len(text)].strip()
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text) if len(w) > 2 and w.lower() not in _STOPWORDS}
+
+
+def _flat(text: str) -> str:
+    """One line without the record delimiters, safe inside a tuple field."""
+    return " ".join(text.replace("<|>", " ").replace("##", " ").replace("(", "[").replace(")", "]").split())
+
+
+def _hash_int(*parts: object) -> int:
+    return zlib.crc32("\x1f".join(map(str, parts)).encode("utf-8"))
+
+
+def _summary(text: str, max_words: int = _SUMMARY_WORDS) -> str:
+    """Extractive summary: the leading sentences, up to ``max_words`` words."""
+    kept: list[str] = []
+    used = 0
+    for sentence in _sentences(text):
+        n = len(sentence.split())
+        if kept and used + n > max_words:
+            break
+        kept.append(sentence)
+        used += n
+    return " ".join(kept)
+
+
+def _refs(**tables: list[str]) -> str:
+    """``[Data: Entities (1, 2), Relationships (3, 4, 5, 6, 7, +more)]``: at most five ids per table."""
+    parts = []
+    for name, ids in tables.items():
+        ids = list(dict.fromkeys(i for i in ids if i != ""))
+        if ids:
+            shown = ", ".join(ids[:5]) + (", +more" if len(ids) > 5 else "")
+            parts.append(f"{name} ({shown})")
+    return f"[Data: {', '.join(parts)}]" if parts else ""
+
+
+def parse_tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """The ``-----Name-----`` + CSV tables of a context; a context without tables is one table of its paragraphs."""
+    pieces = _TABLE_HEADER.split(text)
+    if len(pieces) == 1:
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+        return {"Sources": [{"id": str(i), "text": p} for i, p in enumerate(paragraphs)]} if paragraphs else {}
+    tables = {}
+    for name, body in zip(pieces[1::2], pieces[2::2]):
+        rows = list(csv.DictReader(io.StringIO(body.strip()), skipinitialspace=True))
+        tables[name.strip()] = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in rows]
+    return tables
+
+
+def _row_id(row: dict[str, str], index: int) -> str:
+    return row.get("id") or row.get("short_id") or str(index)
+
+
+def _row_text(row: dict[str, str]) -> str:
+    """A row's text columns as sentences (a title becomes its own sentence)."""
+    values = [v for k, v in row.items() if k not in ("id", "short_id", "combined_degree", "rank") and v]
+    return " ".join(v if v[-1] in ".!?" else f"{v}." for v in values)
+
+
+# ---------------------------------------------------------------- deterministic answers
+
+
+@dataclass(frozen=True)
+class _Graph:
+    entities: dict[str, tuple[str, str]]  # name -> (type, description)
+    pairs: dict[tuple[str, str], tuple[str, int]]  # (a, b) -> (first shared sentence, count)
+    held_back: frozenset[str]  # entities only the gleaning returns
+
+
+def _extract_graph(text: str, types: list[str]) -> _Graph:
+    sentences = _sentences(text)
+    occurrences: dict[str, list[tuple[int, bool]]] = {}
+    per_sentence: list[list[str]] = []
+    for index, sentence in enumerate(sentences):
+        names = []
+        for match in _PHRASE.finditer(sentence):
+            words = match.group().replace("'s", "").split()
+            while words and words[0].lower() in _STOPWORDS:
+                words = words[1:]
+            if not words or all(w.lower() in _STOPWORDS for w in words):
+                continue
+            name = " ".join(words).upper()
+            initial = match.start() == 0 and len(words) == 1 and not any(c.isupper() for c in words[0][1:])
+            occurrences.setdefault(name, []).append((index, initial))
+            names.append(name)
+        per_sentence.append(list(dict.fromkeys(names)))
+    # A lone capitalised word seen once, at a sentence start, is an ordinary word ("Smaller"), unless
+    # its inner capitals mark a name ("NeoChip").
+    kept = {name for name, occ in occurrences.items() if not (len(occ) == 1 and occ[0][1])}
+    types = [t.strip().upper() for t in types if t.strip()] or ["ENTITY"]
+    entities = {
+        name: (types[_hash_int("type", name) % len(types)], _flat(sentences[occurrences[name][0][0]]))
+        for name in occurrences
+        if name in kept
+    }
+    pairs: dict[tuple[str, str], tuple[str, int]] = {}
+    for index, names in enumerate(per_sentence):
+        names = [n for n in names if n in kept][:_MAX_PAIRS_PER_SENTENCE]
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                sentence, count = pairs.get((a, b), (_flat(sentences[index]), 0))
+                pairs[(a, b)] = (sentence, count + 1)
+    held_back = frozenset(n for n in entities if _hash_int("held", n) % 4 == 3) if len(entities) > 1 else frozenset()
+    return _Graph(entities, pairs, held_back)
+
+
+def _extraction_records(graph: _Graph, gleaning: bool) -> str:
+    wanted = graph.held_back if gleaning else set(graph.entities) - graph.held_back
+    records = [
+        f'("entity"<|>{name}<|>{etype}<|>{description})'
+        for name, (etype, description) in graph.entities.items()
+        if name in wanted
+    ]
+    for (a, b), (sentence, count) in graph.pairs.items():
+        touches_held = a in graph.held_back or b in graph.held_back
+        if touches_held == gleaning:
+            records.append(f'("relationship"<|>{a}<|>{b}<|>{sentence}<|>{min(10, count + 4)})')
+    return "\n##\n".join(records) + ("\n" if records else "") + "<|COMPLETE|>"
+
+
+def _conversation_graph(messages: list[dict]) -> tuple[_Graph, int]:
+    """The extraction graph of the chunk in this conversation, and how many gleanings were already asked for."""
+    first = next((_content(m) for m in messages if MARKERS["entity_extraction"] in _content(m)), "")
+    real = first[first.rfind("-Real data-") :]
+    types = _between(real, "Entity types:", "\n").split(",")
+    graph = _extract_graph(_between(real, "Text:\n", "\n-End of text-"), types)
+    gleanings = sum(1 for m in messages if m.get("role") == "user" and MARKERS["gleaning_continue"] in _content(m))
+    return graph, gleanings
+
+
+def _claims(prompt: str) -> str:
+    graph = _extract_graph(_between(prompt, "Text:\n", "\n-End of text-"), ["ENTITY"])
+    records = []
+    for (a, b), (sentence, _) in graph.pairs.items():
+        year = _YEAR.search(sentence)
+        start, end = (f"{year.group()}-01-01", f"{year.group()}-12-31") if year else ("NONE", "NONE")
+        records.append(
+            f'("claim"<|>{a}<|>{b}<|>ASSOCIATION<|>TRUE<|>{start}<|>{end}<|>{a} is linked to {b}: {sentence}<|>{sentence})'
+        )
+    return "\n##\n".join(records) + ("\n" if records else "") + "<|COMPLETE|>"
+
+
+def _summarize_descriptions(prompt: str) -> str:
+    max_words = int(re.search(r"at most (\d+) words", prompt).group(1)) if "at most" in prompt else _SUMMARY_WORDS
+    lines = _between(prompt, "Descriptions:\n", "\n-End of data-").splitlines()
+    sentences = dict.fromkeys(s for line in lines for s in _sentences(line.lstrip("- ")))
+    return _summary(" ".join(sentences), max_words)
+
+
+def _community_report(prompt: str) -> str:
+    tables = parse_tables(_between(prompt, "-Real data-\n", "\n-End of data-"))
+    entities, relationships = tables.get("Entities", []), tables.get("Relationships", [])
+    claims, reports = tables.get("Claims", []), tables.get("Reports", [])
+    entity_ids = {row.get("entity", ""): _row_id(row, i) for i, row in enumerate(entities)}
+    names = [row.get("entity", "") for row in entities[:3]] or [row.get("title", "") for row in reports[:2]]
+    title = " and ".join(n for n in names if n) or "Empty community"
+    findings = []
+    if entities:
+        findings.append(
+            {
+                "summary": f"{len(entities)} entities, led by {names[0]}",
+                "explanation": f"{_summary(entities[0].get('description', ''), 60)} "
+                + _refs(Entities=[_row_id(r, i) for i, r in enumerate(entities)]),
+            }
+        )
+    for i, row in enumerate(relationships[:4]):
+        source, target = row.get("source", ""), row.get("target", "")
+        findings.append(
+            {
+                "summary": f"{source} and {target}",
+                "explanation": f"{_summary(row.get('description', ''), 60)} "
+                + _refs(
+                    Entities=[entity_ids.get(source, ""), entity_ids.get(target, "")], Relationships=[_row_id(row, i)]
+                ),
+            }
+        )
+    for i, row in enumerate(claims[:2]):
+        findings.append(
+            {
+                "summary": f"Claim about {row.get('entity') or row.get('subject', '')}: {row.get('type', '')}",
+                "explanation": f"{_summary(row.get('description', ''), 60)} " + _refs(Claims=[_row_id(row, i)]),
+            }
+        )
+    for i, row in enumerate(reports[:3]):
+        findings.append(
+            {
+                "summary": row.get("title", "Sub-community"),
+                "explanation": f"{_summary(_row_text(row), 60)} " + _refs(Reports=[_row_id(row, i)]),
+            }
+        )
+    size = len(entities) + 2 * len(relationships) + len(claims) + 3 * len(reports)
+    rating = round(min(10.0, size / 3), 1)
+    report = {
+        "title": title,
+        "summary": f"The community of {title} has {len(entities)} entities, {len(relationships)} relationships, "
+        f"{len(claims)} claims and {len(reports)} sub-community reports. "
+        + _refs(
+            Entities=[_row_id(r, i) for i, r in enumerate(entities)],
+            Reports=[_row_id(r, i) for i, r in enumerate(reports)],
+        ),
+        "rating": rating,
+        "rating_explanation": f"Rated {rating}: the rating grows with the community's size ({size} weighted elements).",
+        "findings": findings or [{"summary": "No data", "explanation": "The community data is empty."}],
+    }
+    return json.dumps(report, indent=2)
+
+
+def _scored_rows(question: str, context: str) -> list[tuple[int, str, str, str]]:
+    """(score, table, id, best sentence) per context row sharing words with the question, best first."""
+    wanted = _words(question)
+    scored = []
+    for table, rows in parse_tables(context).items():
+        for i, row in enumerate(rows):
+            text = _row_text(row)
+            overlap = len(wanted & _words(text))
+            if overlap and wanted:
+                best = max(_sentences(text), key=lambda s: (len(wanted & _words(s)), -len(s)))
+                scored.append((round(100 * overlap / len(wanted)), table, _row_id(row, i), best))
+    return sorted(scored, key=lambda r: (-r[0], r[1], r[2]))
+
+
+def _global_map(prompt: str) -> str:
+    question = _between(prompt, "-Question-\n", "\n-End of question-")
+    rows = _scored_rows(question, _between(prompt, "-Data tables-\n", "\n-End of data-"))[:10]
+    points = [
+        {"description": f"{sentence} {_refs(**{table: [rid]})}", "score": score} for score, table, rid, sentence in rows
+    ]
+    return json.dumps(
+        {"points": points or [{"description": "The data tables do not help answer this question.", "score": 0}]}
+    )
+
+
+def _global_reduce(prompt: str) -> str:
+    question = _between(prompt, "-Question-\n", "\n-End of question-")
+    data = _between(prompt, "-Analyst points-\n", "\n-End of points-")
+    points = [
+        line.strip()
+        for line in data.splitlines()
+        if line.strip()
+        and not line.strip().startswith("---")
+        and not line.lower().startswith(("importance score", "analyst"))
+    ]
+    if not points:
+        return "I do not know: the available data does not answer this question."
+    return f"## {question}\n\n" + "\n".join(f"- {p}" for p in points[:10])
+
+
+def _search_answer(prompt: str) -> str:
+    question = _between(prompt, "-Question-\n", "\n-End of question-")
+    rows = _scored_rows(question, _between(prompt, "-Data tables-\n", "\n-End of data-"))[:3]
+    if not rows:
+        return "I do not know: the data provided does not answer this question."
+    return f"## {question}\n\n" + "\n".join(
+        f"- {sentence} {_refs(**{table: [rid]})}" for _, table, rid, sentence in rows
+    )
+
+
+def answer(messages: list[dict]) -> tuple[str, str]:
+    """(kind, completion text) for a chat conversation, before length limits and fault injection."""
+    kind = classify(messages)
+    last = _content(messages[-1]) if messages else ""
+    if kind == "entity_extraction":
+        graph, _ = _conversation_graph(messages)
+        return kind, _extraction_records(graph, gleaning=False)
+    if kind == "gleaning_loop_check":
+        graph, gleanings = _conversation_graph(messages)
+        return kind, "Y" if graph.held_back and gleanings == 0 else "N"
+    if kind == "gleaning_continue":
+        graph, gleanings = _conversation_graph(messages)
+        return kind, _extraction_records(graph, gleaning=True) if gleanings == 1 else "<|COMPLETE|>"
+    if kind == "claims_extraction":
+        return kind, _claims(last)
+    if kind == "summarize_descriptions":
+        return kind, _summarize_descriptions(last)
+    if kind == "community_report":
+        return kind, _community_report(last)
+    if kind == "global_map":
+        return kind, _global_map(last)
+    if kind == "global_reduce":
+        return kind, _global_reduce(last)
+    if kind in ("basic_search", "local_search"):
+        return kind, _search_answer(last)
+    if kind == "raptor_summary":
+        return kind, _summary(last.split(MARKERS["raptor_summary"] + ":", 1)[-1].strip().rstrip(":"))
+    return kind, _summary(last)
+
+
+def embed_text(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
+    """Unit vector of signed hashed character trigrams: texts sharing many trigrams point the same way."""
+    vector = [0.0] * dim
+    padded = f" {' '.join(text.lower().split())} "
+    for i in range(len(padded) - 2):
+        h = zlib.crc32(padded[i : i + 3].encode("utf-8"))
+        vector[h % dim] += 1.0 if h & 0x80000000 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector))
+    if norm == 0:
+        vector[0], norm = 1.0, 1.0
+    return [v / norm for v in vector]
+
+
+# ---------------------------------------------------------------- serving
+
+
+@dataclass(frozen=True)
+class Knobs:
+    latency_s: float = 0.0
+    latency_jitter_s: float = 0.0
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    window_s: float = 60.0
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    timeout_mode: str = "drop"
+    timeout_sleep_s: float = 30.0
+    rate_429: float = 0.0
+    retry_after_s: float = 1.0
+    malformed_rate: float = 0.0
+    seed: int = 0
+
+
+class _State:
+    """Counters, limit windows and seeded draws shared by all handler threads."""
+
+    def __init__(self, knobs: Knobs) -> None:
+        self.knobs = knobs
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.counters: Counter = Counter()
+            self.by_kind: Counter = Counter()
+            self.request_hashes: Counter = Counter()
+            self.served_hashes: Counter = Counter()
+            self.window: deque[tuple[float, int]] = deque()
+
+    def draw(self, *parts: object) -> float:
+        digest = hashlib.sha256("\x1f".join(map(str, (self.knobs.seed, *parts))).encode()).hexdigest()
+        return int(digest[:13], 16) / 16**13
+
+    def arrive(self, endpoint: str, request_hash: str) -> int:
+        with self.lock:
+            self.counters[f"requests.{endpoint}"] += 1
+            self.request_hashes[request_hash] += 1
+            return self.request_hashes[request_hash]
+
+    def count(self, name: str) -> None:
+        with self.lock:
+            self.counters[name] += 1
+
+    def admit(self, tokens: int) -> float | None:
+        """Charge a request to the sliding window; None if it fits, else seconds until it would."""
+        k = self.knobs
+        max_requests = k.requests_per_minute * k.window_s / 60 if k.requests_per_minute else math.inf
+        max_tokens = k.tokens_per_minute * k.window_s / 60 if k.tokens_per_minute else math.inf
+        with self.lock:
+            now = time.monotonic()
+            while self.window and self.window[0][0] <= now - k.window_s:
+                self.window.popleft()
+            used = sum(t for _, t in self.window)
+            if self.window and (len(self.window) + 1 > max_requests or used + tokens > max_tokens):
+                excess_requests = len(self.window) + 1 - max_requests
+                excess_tokens = used + tokens - max_tokens
+                for at, spent in self.window:
+                    excess_requests -= 1
+                    excess_tokens -= spent
+                    if excess_requests <= 0 and excess_tokens <= 0:
+                        return max(0.001, at + k.window_s - now)
+                return k.window_s
+            self.window.append((now, tokens))
+            return None
+
+    def served(self, endpoint: str, kind: str, request_hash: str, prompt_tokens: int, completion_tokens: int) -> None:
+        with self.lock:
+            self.counters[f"served.{endpoint}"] += 1
+            self.counters["prompt_tokens"] += prompt_tokens
+            self.counters["completion_tokens"] += completion_tokens
+            self.by_kind[kind] += 1
+            self.served_hashes[request_hash] += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            c = self.counters
+            return {
+                "requests": {e: c[f"requests.{e}"] for e in ("chat", "embeddings")},
+                "served": {e: c[f"served.{e}"] for e in ("chat", "embeddings")},
+                "by_kind": dict(self.by_kind),
+                "injected": {name: c[f"injected.{name}"] for name in ("429", "500", "timeout", "malformed")},
+                "rate_limited": c["rate_limited"],
+                "prompt_tokens": c["prompt_tokens"],
+                "completion_tokens": c["completion_tokens"],
+                "request_hashes": dict(self.request_hashes),
+                "served_hashes": dict(self.served_hashes),
+            }
+
+
+def _request_hash(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send_json(self, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+    def _send_error(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
+        self._send_json(status, {"error": {"message": message, "type": kind, "param": None, "code": kind}}, headers)
+
+    def _send_429(self, seconds: float, message: str) -> None:
+        headers = {
+            "Retry-After": str(max(1, math.ceil(seconds))),
+            "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
+        }
+        self._send_error(429, "rate_limit_exceeded", message, headers)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/stats"):
+            self._send_json(200, self.server.state.stats())
+        else:
+            self._send_error(404, "not_found", f"No route {self.path}")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path.endswith("/reset"):
+            self.server.state.reset()
+            self._send_json(200, {"ok": True})
+            return
+        endpoint = (
+            "chat" if path.endswith("/chat/completions") else "embeddings" if path.endswith("/embeddings") else None
+        )
+        if endpoint is None:
+            self._send_error(404, "not_found", f"No route {self.path}")
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            self._send_error(400, "invalid_request_error", "Request body is not valid JSON.")
+            return
+        self._complete(endpoint, body)
+
+    def _complete(self, endpoint: str, body: dict) -> None:
+        state, knobs = self.server.state, self.server.state.knobs
+        request_hash = _request_hash(body)
+        seen = state.arrive(endpoint, request_hash)
+        fault = state.draw("fault", request_hash, seen)
+        if fault < knobs.timeout_rate:
+            state.count("injected.timeout")
+            if knobs.timeout_mode == "drop":
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            state.stopping.wait(knobs.timeout_sleep_s)
+        elif fault < knobs.timeout_rate + knobs.error_rate:
+            state.count("injected.500")
+            self._send_error(500, "server_error", "Injected server error.")
+            return
+        elif fault < knobs.timeout_rate + knobs.error_rate + knobs.rate_429:
+            state.count("injected.429")
+            self._send_429(knobs.retry_after_s, "Injected rate limit.")
+            return
+
+        if endpoint == "chat":
+            kind, payload, prompt_tokens, completion_tokens = self._chat(body, request_hash, seen)
+        else:
+            kind, payload, prompt_tokens, completion_tokens = self._embeddings(body)
+        wait = state.admit(prompt_tokens + completion_tokens)
+        if wait is not None:
+            state.count("rate_limited")
+            self._send_429(wait, "Rate limit reached for requests or tokens per minute.")
+            return
+        latency = knobs.latency_s + knobs.latency_jitter_s * (2 * state.draw("latency", request_hash, seen) - 1)
+        if latency > 0:
+            state.stopping.wait(latency)
+        state.served(endpoint, kind, request_hash, prompt_tokens, completion_tokens)
+        self._send_json(200, payload)
+
+    def _chat(self, body: dict, request_hash: str, seen: int) -> tuple[str, dict, int, int]:
+        state = self.server.state
+        messages = body.get("messages") or []
+        kind, text = answer(messages)
+        finish_reason = "stop"
+        if state.draw("malformed", request_hash, seen) < state.knobs.malformed_rate:
+            state.count("injected.malformed")
+            if state.draw("malformed-mode", request_hash, seen) < 0.5:
+                text, finish_reason = text[: len(text) // 2], "length"
+            else:
+                text = "I'm sorry, but I can't produce that format right now. " + text[::-1][:80]
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        tokens = get_encoding().encode(text, disallowed_special=())
+        if max_tokens and len(tokens) > max_tokens:
+            text, tokens, finish_reason = get_encoding().decode(tokens[:max_tokens]), tokens[:max_tokens], "length"
+        prompt_tokens = sum(count_tokens(_content(m)) for m in messages)
+        payload = {
+            "id": f"chatcmpl-{request_hash}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "local"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(tokens),
+                "total_tokens": prompt_tokens + len(tokens),
+            },
+        }
+        return kind, payload, prompt_tokens, len(tokens)
+
+    def _embeddings(self, body: dict) -> tuple[str, dict, int, int]:
+        inputs = body.get("input", [])
+        texts = [inputs] if isinstance(inputs, str) else [str(t) for t in inputs]
+        dim = int(body.get("dimensions") or EMBEDDING_DIM)
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for index, text in enumerate(texts):
+            vector = embed_text(text, dim)
+            encoded = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode() if as_base64 else vector
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = sum(count_tokens(t) for t in texts)
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model", "local"),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return "embedding", payload, tokens, 0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 refuses connections under a burst of concurrent clients
+
+    def __init__(self, address: tuple[str, int], knobs: Knobs) -> None:
+        super().__init__(address, _Handler)
+        self.state = _State(knobs)
+
+
+@dataclass
+class ServerHandle:
+    """A running server; ``base_url`` ends with ``/v1`` and goes straight into ``llm.*.api_base``."""
+
+    server: _Server
+    thread: threading.Thread
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        return self.server.state.stats()
+
+    def reset(self) -> None:
+        self.server.state.reset()
+
+    def stop(self) -> None:
+        self.server.state.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_server(host: str = "127.0.0.1", port: int = 0, **knobs: Any) -> ServerHandle:
+    """Start the server in a background thread (port 0 = a free ephemeral port)."""
+    get_encoding()  # load the tokenizer before the first request, not inside its latency
+    server = _Server((host, port), Knobs(**knobs))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="local-llm-server", daemon=True)
+    thread.start()
+    return ServerHandle(server, thread)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Local OpenAI-compatible server answering the project's prompts.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port (the URL is printed).")
+    parser.add_argument("--latency", type=float, default=0.0, dest="latency_s", help="Mean seconds per answer.")
+    parser.add_argument(
+        "--latency-jitter", type=float, default=0.0, dest="latency_jitter_s", help="Uniform +- seconds."
+    )
+    parser.add_argument("--rpm", type=float, default=None, dest="requests_per_minute", help="Requests/min before 429.")
+    parser.add_argument("--tpm", type=float, default=None, dest="tokens_per_minute", help="Tokens/min before 429.")
+    parser.add_argument(
+        "--window", type=float, default=60.0, dest="window_s", help="Sliding window of the limits, seconds."
+    )
+    parser.add_argument("--error-rate", type=float, default=0.0, help="Share of requests answered with HTTP 500.")
+    parser.add_argument("--timeout-rate", type=float, default=0.0, help="Share of requests that time out.")
+    parser.add_argument(
+        "--timeout-mode", choices=["drop", "sleep"], default="drop", help="Drop the connection or stall."
+    )
+    parser.add_argument(
+        "--timeout-sleep", type=float, default=30.0, dest="timeout_sleep_s", help="Stall seconds (sleep mode)."
+    )
+    parser.add_argument("--rate-429", type=float, default=0.0, help="Share of requests answered with an injected 429.")
+    parser.add_argument(
+        "--retry-after", type=float, default=1.0, dest="retry_after_s", help="Retry-After of injected 429s."
+    )
+    parser.add_argument("--malformed-rate", type=float, default=0.0, help="Share of answers truncated or garbled.")
+    parser.add_argument("--seed", type=int, default=0)
+    args = vars(parser.parse_args(argv))
+    handle = start_server(**args)
+    print(handle.base_url, flush=True)
+    try:
+        handle.thread.join()
+    except KeyboardInterrupt:
+        handle.stop()
+
+
+if __name__ == "__main__":
+    main()

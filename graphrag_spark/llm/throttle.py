@@ -1,0 +1,107 @@
+"""Client-side throttling: one task's share of the job's requests/min and tokens/min budget.
+
+Every concurrent Spark task is its own Python worker, so no limiter can see the whole
+job; each task gets ``share`` (1 / concurrent tasks) of the budget instead. Two token
+buckets (requests, tokens) refill continuously at that rate. Bursts are kept to about
+one second of budget, so that the provider's sliding one-minute window never sees more
+than the limit, and the limiter aims slightly below it (``headroom``) to absorb clock
+skew between tasks. A 429 halves the rate and pauses every caller until ``Retry-After``
+(multiplicative decrease); the rate then recovers linearly over ``recovery_s``
+(additive increase). Waiting callers sleep for exactly the computed time: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class RateLimiter:
+    def __init__(
+        self,
+        requests_per_minute: float,
+        tokens_per_minute: float,
+        share: float = 1.0,
+        *,
+        headroom: float = 0.95,
+        burst_s: float = 1.0,
+        min_factor: float = 0.05,
+        recovery_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self._request_rate = requests_per_minute * share * headroom / 60.0
+        self._token_rate = tokens_per_minute * share * headroom / 60.0
+        self._burst_s = burst_s
+        self._min_factor = min_factor
+        self._recovery_s = recovery_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        now = clock()
+        self._updated = now
+        self._requests = 1.0
+        self._tokens = self._token_capacity(1.0)
+        self._paused_until = now
+        self._factor_base = 1.0
+        self._decreased_at = now - recovery_s
+
+    def factor(self) -> float:
+        """Current share of the nominal rate (1.0 = no 429 lately)."""
+        recovered = (self._clock() - self._decreased_at) / self._recovery_s
+        return min(1.0, self._factor_base + recovered * (1.0 - self._factor_base))
+
+    def requests_per_minute(self) -> float:
+        """Rate this limiter currently allows."""
+        return self._request_rate * self.factor() * 60.0
+
+    def _request_capacity(self, factor: float) -> float:
+        return max(1.0, self._request_rate * factor * self._burst_s)
+
+    def _token_capacity(self, factor: float) -> float:
+        return max(1.0, self._token_rate * factor * self._burst_s)
+
+    def _refill(self, now: float) -> None:
+        factor = self.factor()
+        elapsed = now - self._updated
+        self._updated = now
+        self._requests = min(self._request_capacity(factor), self._requests + elapsed * self._request_rate * factor)
+        self._tokens = min(self._token_capacity(factor), self._tokens + elapsed * self._token_rate * factor)
+
+    async def acquire(self, tokens: int) -> None:
+        """Wait until one request of about ``tokens`` tokens fits the budget, then charge it.
+
+        A request larger than the token bucket waits for a full bucket and leaves it in
+        debt, which delays the next callers: the long-run rate stays exact.
+        """
+        async with self._lock:  # FIFO: callers are served in arrival order
+            while True:
+                now = self._clock()
+                self._refill(now)
+                factor = self.factor()
+                token_need = min(float(tokens), self._token_capacity(factor))
+                wait = max(
+                    self._paused_until - now,
+                    (1.0 - self._requests) / (self._request_rate * factor),
+                    (token_need - self._tokens) / (self._token_rate * factor),
+                )
+                if wait <= 0:
+                    self._requests -= 1.0
+                    self._tokens -= tokens
+                    return
+                await asyncio.sleep(wait)
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Charge the difference between the estimate paid in ``acquire`` and the tokens really used."""
+        self._tokens -= actual - estimated
+
+    def on_rate_limited(self, retry_after_s: float | None) -> None:
+        """A 429: pause everyone until ``Retry-After`` and halve the rate (once per burst of 429s)."""
+        now = self._clock()
+        if retry_after_s:
+            self._paused_until = max(self._paused_until, now + retry_after_s)
+        if now - self._decreased_at >= max(1.0, retry_after_s or 0.0):
+            self._refill(now)
+            self._factor_base = max(self._min_factor, self.factor() / 2.0)
+            self._decreased_at = now

@@ -1,0 +1,252 @@
+"""The LLM client through real HTTP and the real openai client: retries, throttling, failures as rows, secrets."""
+
+import asyncio
+import logging
+import random
+import time
+
+import pytest
+
+from graphrag_spark.config import ExtractionConfig, LlmModelConfig
+from graphrag_spark.errors import UserError
+from graphrag_spark.index.extract_llm import ExtractionPrompts, extract_chunk
+from graphrag_spark.llm import ChatRequest, LlmClient, cache_key, run_batch, run_items
+from graphrag_spark.llm.client import backoff_seconds, retry_after_seconds
+from graphrag_spark.llm.server import start_server
+from graphrag_spark.llm.throttle import RateLimiter
+
+SECRET = "sk-test-5f0e1d2c3b4a-do-not-leak"
+KEY_ENV = "GRAPHRAG_SPARK_TEST_KEY"
+
+
+@pytest.fixture(autouse=True)
+def api_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, SECRET)
+
+
+def model_cfg(server, **overrides):
+    settings = dict(
+        model="local-model",
+        api_base=server.base_url,
+        api_key_env=KEY_ENV,
+        requests_per_minute=100_000,
+        tokens_per_minute=100_000_000,
+        concurrency=16,
+        max_retries=6,
+        timeout_s=5.0,
+    )
+    return LlmModelConfig(**{**settings, **overrides})
+
+
+def requests(n, stage="test"):
+    return [
+        ChatRequest(
+            messages=[{"role": "user", "content": f"Item number {i}. It has text."}], item_id=str(i), stage=stage
+        )
+        for i in range(n)
+    ]
+
+
+def test_batch_results_come_back_in_order_with_usage():
+    with start_server() as server:
+        results = run_batch(
+            requests(5) + [{"messages": [{"role": "user", "content": "A dict request."}], "item_id": "d"}],
+            model_cfg(server),
+        )
+    assert [r.item_id for r in results] == ["0", "1", "2", "3", "4", "d"]
+    assert results[3].text == "Item number 3. It has text." and results[3].stage == "test"
+    assert all(
+        r.ok and r.attempts == 1 and r.prompt_tokens > 0 and r.completion_tokens > 0 and r.cache_key for r in results
+    )
+
+
+def test_429_retry_waits_for_retry_after():
+    with start_server(requests_per_minute=60, window_s=1.0) as server:  # one request per second
+        results = run_batch(requests(2), model_cfg(server))
+        stats = server.stats()
+    slow = max(results, key=lambda r: r.latency_s)
+    assert all(r.ok for r in results) and stats["rate_limited"] == 1
+    assert (slow.n_429, slow.attempts) == (1, 2)
+    assert slow.latency_s >= 0.9  # Retry-After (about 1 s) was honoured, not a quick jittered retry
+
+
+def test_500s_and_dropped_connections_are_retried():
+    with start_server(error_rate=0.2, timeout_rate=0.1, seed=3) as server:
+        results = run_batch(requests(10), model_cfg(server, max_retries=10))
+        stats = server.stats()
+    assert all(r.ok for r in results)
+    retries = sum(r.attempts - 1 for r in results)
+    assert retries == stats["injected"]["500"] + stats["injected"]["timeout"] > 0
+
+
+def test_a_stalled_call_times_out_and_is_retried():
+    with start_server(timeout_rate=0.3, timeout_mode="sleep", timeout_sleep_s=30, seed=1) as server:
+        started = time.monotonic()
+        results = run_batch(requests(6), model_cfg(server, timeout_s=0.3))
+        elapsed = time.monotonic() - started
+        stalled = server.stats()["injected"]["timeout"]
+    assert all(r.ok for r in results) and stalled > 0
+    assert elapsed < 15  # nobody waited for a stalled answer
+
+
+def test_batch_with_20_percent_faults_extracts_every_chunk_once():
+    texts = [
+        f"Alice Smith met Bob Jones in Paris on day {i}. Later Alice Smith joined Acme Corp in Berlin."
+        for i in range(30)
+    ]
+    prompts = ExtractionPrompts.load()
+    cfg = ExtractionConfig(method="llm", max_gleanings=1)
+
+    async def extract(client, text):
+        return await extract_chunk(client, text, cfg, prompts)
+
+    with start_server(error_rate=0.1, timeout_rate=0.05, rate_429=0.05, retry_after_s=0.2, seed=11) as server:
+        results = run_items(texts, extract, model_cfg(server, max_retries=8))
+        stats = server.stats()
+    assert all(r.error is None and r.entities for r in results)
+    assert sum(stats["injected"][k] for k in ("500", "timeout", "429")) > 0
+    assert set(stats["served_hashes"].values()) == {1}  # no completed call was ever repeated
+    assert sum(len(r.calls) for r in results) == stats["served"]["chat"]
+
+
+def test_client_throttle_keeps_under_the_server_limit():
+    n, rpm = 40, 600  # 10 requests/s; the server's 4-s sliding window allows 40
+    with start_server(requests_per_minute=rpm, window_s=4.0) as server:
+        started = time.monotonic()
+        results = run_batch(requests(n), model_cfg(server, requests_per_minute=rpm))
+        elapsed = time.monotonic() - started
+        stats = server.stats()
+    achieved_per_s = (n - 1) / elapsed
+    assert all(r.ok for r in results) and stats["rate_limited"] == 0
+    assert 0.8 * rpm / 60 <= achieved_per_s <= rpm / 60
+
+
+def test_share_divides_the_budget():
+    n, rpm = 6, 1200  # 20/s for the job, 5/s for this task at share 1/4
+    with start_server() as server:
+        started = time.monotonic()
+        run_batch(requests(n), model_cfg(server, requests_per_minute=rpm), share=0.25)
+        elapsed = time.monotonic() - started
+    assert elapsed >= (n - 1) / 5
+
+
+def test_exhausted_retries_return_an_error_result():
+    with start_server(error_rate=1.0) as server:
+        [result] = run_batch(requests(1), model_cfg(server, max_retries=2))
+    assert not result.ok and result.text == "" and result.attempts == 3
+    assert result.error.startswith("InternalServerError after 3 attempts: ")
+    assert (result.item_id, result.stage) == ("0", "test")
+
+
+def test_api_key_never_appears_in_logs_repr_or_errors(caplog):
+    caplog.set_level(logging.DEBUG)
+    with start_server(error_rate=1.0) as server:
+        cfg = model_cfg(server, max_retries=1)
+
+        async def call(client, request):
+            return repr(client), await client.chat(request.messages, item_id=request.item_id)
+
+        [(client_repr, result)] = run_items(requests(1), call, cfg)
+    assert result.error and caplog.text
+    for text in (caplog.text, client_repr, result.error, repr(result), repr(cfg)):
+        assert SECRET not in text
+
+
+def test_missing_key_names_the_variable_only(monkeypatch):
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(UserError, match=KEY_ENV) as raised:
+        LlmClient(LlmModelConfig(api_key_env=KEY_ENV))
+    assert SECRET not in str(raised.value)
+    with start_server() as server:  # a local server needs no key
+        [result] = run_batch(requests(1), model_cfg(server))
+    assert result.ok
+
+
+def test_azure_client_reaches_deployment_paths():
+    with start_server() as server:
+        endpoint = server.base_url.removesuffix("/v1")
+        [result] = run_batch(
+            requests(1), model_cfg(server, api_type="azure", api_base=endpoint, api_version="2024-06-01")
+        )
+    assert result.ok and result.text == "Item number 0. It has text."
+
+
+def test_embeddings_in_input_order():
+    with start_server() as server:
+        [result] = run_items(
+            [["chip maker", "harbour", "chip makers"]], lambda client, texts: client.embed(texts), model_cfg(server)
+        )
+    assert result.ok and len(result.vectors) == 3 and len(result.vectors[0]) == 384
+    similarity = sum(a * b for a, b in zip(result.vectors[0], result.vectors[2]))
+    assert similarity > sum(a * b for a, b in zip(result.vectors[0], result.vectors[1]))
+
+
+def test_run_batch_works_inside_a_running_event_loop():
+    """Notebooks run a loop already; the façade must not fail there."""
+    with start_server() as server:
+
+        async def notebook_cell():
+            return run_batch(requests(2), model_cfg(server))
+
+        results = asyncio.run(notebook_cell())
+    assert all(r.ok for r in results)
+
+
+def test_cache_key_is_deterministic_and_sensitive():
+    messages = [{"role": "user", "content": "Hi"}]
+    key = cache_key("m", messages, {"temperature": 0, "max_tokens": 5}, "v1")
+    assert key == cache_key("m", [{"content": "Hi", "role": "user"}], {"max_tokens": 5, "temperature": 0}, "v1")
+    assert len(key) == 32 and int(key, 16) >= 0
+    assert (
+        len(
+            {
+                key,
+                cache_key("m", messages, {"temperature": 0, "max_tokens": 6}, "v1"),
+                cache_key("m", messages, {"temperature": 0, "max_tokens": 5}, "v2"),
+                cache_key("m2", messages, {"temperature": 0, "max_tokens": 5}, "v1"),
+            }
+        )
+        == 4
+    )
+
+
+def test_retry_after_headers_and_backoff():
+    assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after_seconds({"retry-after": "3"}) == 3.0
+    assert (
+        55
+        < retry_after_seconds(
+            {"retry-after": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))}
+        )
+        <= 60
+    )
+    assert retry_after_seconds({"retry-after": "soon"}) is None and retry_after_seconds(None) is None
+    assert retry_after_seconds({"retry-after": "99999"}) == 120.0
+    rng = random.Random(0)
+    assert all(0 <= backoff_seconds(3, None, rng) <= 2 for _ in range(100))
+    assert all(2.0 <= backoff_seconds(1, 2.0, rng) <= 2.2 for _ in range(100))
+
+
+def test_rate_limiter_halves_on_429_then_recovers():
+    now = [0.0]
+    limiter = RateLimiter(600, 1_000_000, share=0.5, headroom=1.0, recovery_s=10.0, clock=lambda: now[0])
+    assert limiter.requests_per_minute() == 300
+    limiter.on_rate_limited(2.0)
+    limiter.on_rate_limited(2.0)  # the same burst of 429s lowers the rate once
+    assert limiter.requests_per_minute() == 150
+    now[0] = 5.0
+    assert limiter.requests_per_minute() == pytest.approx(225)
+    now[0] = 20.0
+    assert limiter.requests_per_minute() == 300
+
+
+def test_rate_limiter_pause_delays_the_next_call():
+    async def scenario():
+        limiter = RateLimiter(60_000, 1_000_000)
+        await limiter.acquire(10)
+        limiter.on_rate_limited(0.3)
+        started = time.monotonic()
+        await limiter.acquire(10)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) >= 0.29
