@@ -58,7 +58,7 @@ SCHEMAS: dict[str, StructType] = {
         ("strength", DBL), ("method", STR),
     ),
     CLAIMS: _schema(
-        ("id", STR), ("text_unit_id", STR), ("subject", STR), ("object", STR), ("type", STR), ("status", STR),
+        ("id", STR), ("human_readable_id", LONG), ("text_unit_id", STR), ("subject", STR), ("object", STR), ("type", STR), ("status", STR),
         ("start_date", STR), ("end_date", STR), ("description", STR), ("source_text", STR),
     ),
     ENTITIES: _schema(

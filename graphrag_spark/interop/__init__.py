@@ -1,0 +1,1 @@
+"""Bridges from other GraphRAG implementations' outputs into this project's tables."""
