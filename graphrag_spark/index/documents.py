@@ -128,9 +128,10 @@ def _parse_csv(path: str, text: str, opts: ReaderOptions) -> Iterator[dict]:
 
 
 def _parsed_frame(rows: list[dict]) -> pd.DataFrame:
-    """Metadata travels as JSON text (Arrow's map conversion from pandas is fragile) and is parsed in Spark."""
-    frame = pd.DataFrame(rows, columns=_PARSED_COLUMNS)
-    frame["n_bytes"] = frame["n_bytes"].fillna(0).astype("int64")
+    """Object columns (None, not NaN, for missing values: Arrow cannot cast an all-NaN float column to string);
+    metadata travels as JSON text and is parsed in Spark."""
+    frame = pd.DataFrame(rows, columns=_PARSED_COLUMNS, dtype=object)
+    frame["n_bytes"] = frame["n_bytes"].astype("int64")
     frame["metadata"] = frame["metadata"].map(lambda m: json.dumps(m) if isinstance(m, dict) else None)
     return frame
 

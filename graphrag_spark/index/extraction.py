@@ -28,7 +28,7 @@ def _nlp_partition(max_phrases: int):
                 entities, relationships = extract_nlp.extract_unit(unit_id, text, max_phrases)
                 rows.extend({"kind": "entity", **e} for e in entities)
                 rows.extend({"kind": "relationship", **r} for r in relationships)
-            yield pd.DataFrame(rows, columns=[f.split()[0] for f in _INSTANCE_SCHEMA.split(", ")])
+            yield pd.DataFrame(rows, columns=[f.split()[0] for f in _INSTANCE_SCHEMA.split(", ")], dtype=object)
     return run
 
 

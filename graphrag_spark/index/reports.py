@@ -98,6 +98,6 @@ def generate_level_reports(contexts: DataFrame, report_fn: Callable[[dict], dict
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
             rows = [report_fn(row) for row in batch.to_dict("records")]
-            yield pd.DataFrame(rows, columns=REPORT_COLUMNS)
+            yield pd.DataFrame(rows, columns=REPORT_COLUMNS, dtype=object)
 
     return contexts.mapInPandas(run, schema)

@@ -140,7 +140,7 @@ def run_map(spark: SparkSession, batches: list[list[dict]], map_fn: Callable[[li
     def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for part in parts:
             rows = [(p.description, p.score, p.report_ids) for b in part["batch"] for p in map_fn(json.loads(b))]
-            yield pd.DataFrame(rows, columns=["description", "score", "report_ids"])
+            yield pd.DataFrame(rows, columns=["description", "score", "report_ids"], dtype=object)
 
     out = frame.mapInPandas(run, "description string, score double, report_ids array<int>").collect()
     return [MapPoint(r.description, r.score, list(r.report_ids)) for r in out]
