@@ -98,6 +98,9 @@ class CommunitiesConfig(_Section):
 
 
 class ReportsConfig(_Section):
+    method: Literal["auto", "extractive", "llm"] = Field(
+        "auto", description="`extractive` = offline reports (no LLM); `llm` = the paper's reports; `auto` follows extraction.method."
+    )
     max_input_tokens: int = Field(8000, gt=0, description="Token budget of a community report's context (paper: 8k).")
     max_output_tokens: int = Field(2000, gt=0, description="LLM max tokens for one report.")
     max_findings: int = Field(5, ge=1, description="Findings per offline extractive report.")
@@ -110,6 +113,20 @@ class QueryConfig(_Section):
     seed: int = Field(42, description="Seed of the report shuffle.")
     response_type: str = Field("multiple paragraphs", description="Requested answer shape.")
     max_answer_points: int = Field(8, gt=0, description="Offline extractive answer: most points kept.")
+    llm: bool = Field(False, description="Answer with the chat model (llm.chat): map, reduce and answer prompts; false = offline extractive answers, no LLM calls.")
+    map_max_tokens: int = Field(1000, gt=0, description="LLM max tokens of one map answer.")
+    answer_max_tokens: int = Field(2000, gt=0, description="LLM max tokens of a final answer (reduce, basic, local).")
+    context_tokens: int = Field(8000, gt=0, description="Context budget of basic (SS) and local search answers (paper: the same 8k in every condition).")
+    basic_top_k: int = Field(100, gt=0, description="Basic search (SS): most similar text units considered before filling the context budget.")
+    local_top_k_entities: int = Field(10, gt=0, description="Local search: entities matched to the question by embedding.")
+    local_text_unit_prop: float = Field(0.5, ge=0, le=1, description="Local search: share of the context for source text units.")
+    local_community_prop: float = Field(0.15, ge=0, le=1, description="Local search: share for community reports; the rest goes to entities, relationships and claims.")
+
+    @model_validator(mode="after")
+    def _local_shares_fit(self) -> "QueryConfig":
+        if self.local_text_unit_prop + self.local_community_prop > 1:
+            raise ValueError("query.local_text_unit_prop + query.local_community_prop must be at most 1")
+        return self
 
 
 class LlmModelConfig(_Section):
@@ -140,6 +157,13 @@ class LlmConfig(_Section):
     )
 
 
+class EmbeddingsConfig(_Section):
+    provider: Literal["offline", "openai"] = Field(
+        "offline", description="`offline` = bundled all-MiniLM-L6-v2 run in numpy (384-d, no download; reads the first 256 word pieces of a text); `openai` = llm.embedding through the project client."
+    )
+    batch_size: int = Field(64, gt=0, description="Texts per embeddings request (openai) or per encoder call (offline).")
+
+
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
@@ -159,6 +183,7 @@ class Config(_Section):
     reports: ReportsConfig = Field(default_factory=ReportsConfig)
     query: QueryConfig = Field(default_factory=QueryConfig)
     llm: LlmConfig = Field(default_factory=LlmConfig)
+    embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 

@@ -178,14 +178,24 @@ def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions) -> D
     return indexed.mapInPandas(parse_partition, _PARSED_SCHEMA)
 
 
-def _check_input_path(spark: SparkSession, cfg: InputConfig) -> None:
+def _list_empty_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
+    """Fail fast on a missing or empty folder, and list zero-byte files: Spark's file scans skip
+    them without a trace, so they are found here to be counted as rejects."""
     jvm = spark.sparkContext._jvm
     hadoop_path = jvm.org.apache.hadoop.fs.Path(cfg.path)
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(hadoop_path):
         raise UserError(f"Input path '{cfg.path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files.")
-    if fs.getFileStatus(hadoop_path).isDirectory() and fs.getContentSummary(hadoop_path).getFileCount() == 0:
+    files = fs.listFiles(hadoop_path, True)
+    empty, seen_any = [], False
+    while files.hasNext():
+        status = files.next()
+        seen_any = True
+        if status.getLen() == 0:
+            empty.append(status.getPath().toString())
+    if not seen_any:
         raise UserError(f"Input folder '{cfg.path}' contains no files; add documents or point input.path elsewhere.")
+    return empty
 
 
 def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, DataFrame, dict]:
@@ -194,8 +204,11 @@ def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, D
     if cfg.format in ("delta", "table"):
         parsed = _read_table(spark, cfg, opts)
     else:
-        _check_input_path(spark, cfg)
+        empty_files = _list_empty_files(spark, cfg)
         parsed = _read_files(spark, cfg.path, opts)
+        if empty_files:
+            parsed = parsed.unionByName(spark.createDataFrame(
+                _parsed_frame([_reject(path, "empty file", 0) for path in empty_files]), _PARSED_SCHEMA))
     parsed = parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>")).persist()
     rejects = parsed.where("kind = 'reject'").select("source", "reason", "n_bytes")
     docs = parsed.where("kind = 'document'")

@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from pyspark.sql import SparkSession
+from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
@@ -19,12 +19,16 @@ from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents
+from graphrag_spark.index.summarize import summarize_graph
+from graphrag_spark.llm.stage import StageUsage, new_run_id
+from graphrag_spark.index.embed import build_embeddings
 
 
 @dataclass
 class RunSummary:
     counts: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
+    usage: list[StageUsage] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str):
@@ -38,6 +42,10 @@ class RunSummary:
         lines += ["", "Wall time per stage (s)"]
         lines += [f"{key:<28} {value}" for key, value in self.seconds.items()]
         lines.append(f"{'total':<28} {round(sum(self.seconds.values()), 2)}")
+        if self.usage:
+            lines += ["", "LLM usage (this run)"] + [u.render() for u in self.usage]
+            cost = sum(u.est_cost_usd for u in self.usage)
+            lines.append(f"{'estimated cost':<24} ${cost:.4f} (from llm.*.price_per_1k_* in the config)")
         return "\n".join(lines)
 
 
@@ -59,11 +67,19 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         store.write(build_text_units(store.read(T.DOCUMENTS), cfg.chunking), T.TEXT_UNITS)
         summary.counts["text units"] = store.read(T.TEXT_UNITS).count()
 
+    run_id = new_run_id()
     with summary.stage("extraction"):
         text_units = store.read(T.TEXT_UNITS)
-        entity_instances, relationship_instances = extraction.extract_nlp_instances(text_units, cfg.extraction)
+        if cfg.extraction.method == "llm":
+            entity_instances, relationship_instances, claims, usage = extraction.extract_llm_instances(
+                spark, store, text_units, cfg.extraction, cfg.llm, run_id)
+            summary.usage.append(usage)
+        else:
+            entity_instances, relationship_instances = extraction.extract_nlp_instances(text_units, cfg.extraction)
+            claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
         store.write(entity_instances, T.ENTITY_INSTANCES)
         store.write(relationship_instances, T.RELATIONSHIP_INSTANCES)
+        store.write(claims.withColumn("human_readable_id", F.row_number().over(Window.orderBy("id")) - 1), T.CLAIMS)
         summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
         summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
 
@@ -77,6 +93,11 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         entities.unpersist()
         summary.counts["entities"] = store.read(T.ENTITIES).count()
         summary.counts["relationships"] = store.read(T.RELATIONSHIPS).count()
+        summary.counts["claims"] = store.read(T.CLAIMS).count()
+
+    if cfg.extraction.method == "llm" and cfg.extraction.summarize_descriptions:
+        with summary.stage("summarize_descriptions"):
+            summary.usage += summarize_graph(spark, store, cfg, run_id)
 
     with summary.stage("communities"):
         table, counts = communities.cluster_graph(spark, store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
@@ -86,25 +107,39 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         summary.counts["entities not clustered"] = (summary.counts["entities"] - counts["clustered_entities"])
 
     with summary.stage("community_reports"):
-        summary.counts["reports per level"] = build_reports(spark, store, cfg)
+        build_reports(spark, store, cfg, run_id, summary)
+
+    with summary.stage("embeddings"):
+        summary.counts.update(build_embeddings(spark, store, cfg))
 
     return summary
 
 
-def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config) -> dict[int, int]:
-    """Bottom-up: the deepest level first, each level's reports written before the next level starts."""
+def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary) -> None:
+    """Bottom-up: the deepest level first, each level's reports written before the next level starts,
+    so a higher level's context can substitute the finished reports of its sub-communities."""
+    use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
     all_communities = store.read(T.COMMUNITIES)
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
+    claims = store.read(T.CLAIMS) if use_llm and store.exists(T.CLAIMS) else None
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)
     max_findings = cfg.reports.max_findings
-    per_level: dict[int, int] = {}
+    per_level, substituted = {}, {}
     finer = None
     for level in levels:
-        contexts = reports.community_contexts(all_communities.where(F.col("level") == level), entities, relationships, finer)
-        level_reports = reports.generate_level_reports(contexts, lambda row: reports.extractive_report(row, max_findings))
+        contexts = reports.community_contexts(all_communities.where(F.col("level") == level), entities, relationships,
+                                              finer, claims, all_communities.where(F.col("level") == level + 1))
+        if use_llm:
+            level_reports, built, usage = reports.llm_level_reports(spark, store, cfg, contexts, run_id)
+            summary.usage.append(usage)
+            substituted[level] = built.where(F.size("substituted") > 0).count()
+        else:
+            level_reports = reports.generate_level_reports(contexts, lambda row: reports.extractive_report(row, max_findings))
         store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
         finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
         per_level[level] = finer.count()
     if not levels:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
-    return dict(sorted(per_level.items()))
+    summary.counts["reports per level"] = dict(sorted(per_level.items()))
+    if use_llm:
+        summary.counts["contexts with substituted sub-reports"] = dict(sorted(substituted.items()))

@@ -10,6 +10,7 @@ and a rating from internal connection strength. Columns match the LLM reports ex
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Callable, Iterator
 
@@ -19,7 +20,9 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.ids import content_id
-from graphrag_spark.index.report_json import format_data_refs, render_full_content
+from graphrag_spark.index.report_context import CommunityElements, SubCommunity, build_higher_context, build_leaf_context
+from graphrag_spark.index.report_json import format_data_refs, parse_report, render_full_content
+from graphrag_spark.tokens import count_tokens
 
 REPORT_COLUMNS = [f.name for f in T.SCHEMAS[T.COMMUNITY_REPORTS].fields]
 OFFLINE_METHOD = "extractive"
@@ -67,8 +70,10 @@ def extractive_report(community: dict, max_findings: int) -> dict:
 
 
 def community_contexts(level_communities: DataFrame, entities: DataFrame, relationships: DataFrame,
-                       finer_reports: DataFrame | None) -> DataFrame:
-    """One row per community: its entities, internal relationships and sub-community reports as arrays of structs."""
+                       finer_reports: DataFrame | None, claims: DataFrame | None = None,
+                       finer_communities: DataFrame | None = None) -> DataFrame:
+    """One row per community: its entities, internal relationships, claims about its entities and
+    sub-community reports (with their member ids, for substitution) as arrays of structs."""
     entity_rows = (level_communities.select("community", F.explode("entity_ids").alias("id"))
                    .join(entities.select("id", "human_readable_id", "title", "type", "description", "degree"), "id")
                    .groupBy("community").agg(F.collect_list(F.struct("id", "human_readable_id", "title", "type",
@@ -81,13 +86,27 @@ def community_contexts(level_communities: DataFrame, entities: DataFrame, relati
                              "combined_degree")).alias("relationships")))
     contexts = (level_communities.select("id", "community", "level", "size", "children")
                 .join(entity_rows, "community").join(relationship_rows, "community", "left"))
+    if claims is not None:
+        claim_rows = (level_communities.select("community", F.explode("entity_ids").alias("entity_id"))
+                      .join(entities.select(F.col("id").alias("entity_id"), F.col("title").alias("subject")), "entity_id")
+                      .join(claims.select("id", "human_readable_id", "subject", "type", "status", "description"), "subject")
+                      .groupBy("community").agg(F.collect_list(F.struct(
+                          "id", "human_readable_id", "subject", "type", "status", "description")).alias("claims")))
+        contexts = contexts.join(claim_rows, "community", "left")
     if finer_reports is None:
         return contexts.withColumn("sub_reports", F.lit(None).cast(
-            "array<struct<community:int,title:string,summary:string,full_content:string>>"))
-    subs = (contexts.select("community", F.explode("children").alias("child"))
-            .join(finer_reports.select(F.col("community").alias("child"), "title", "summary", "full_content"), "child")
-            .groupBy("community").agg(F.collect_list(F.struct(F.col("child").alias("community"), "title", "summary",
-                                                               "full_content")).alias("sub_reports")))
+            "array<struct<community:int,title:string,summary:string,full_content:string,"
+            "entity_ids:array<string>,relationship_ids:array<string>>>"))
+    finer = finer_reports.select(F.col("community").alias("child"), "title", "summary", "full_content")
+    if finer_communities is not None:
+        finer = finer.join(finer_communities.select(F.col("community").alias("child"), "entity_ids", "relationship_ids"), "child")
+    else:
+        finer = (finer.withColumn("entity_ids", F.array().cast("array<string>"))
+                 .withColumn("relationship_ids", F.array().cast("array<string>")))
+    subs = (contexts.select("community", F.explode("children").alias("child")).join(finer, "child")
+            .groupBy("community").agg(F.collect_list(F.struct(
+                F.col("child").alias("community"), "title", "summary", "full_content", "entity_ids",
+                "relationship_ids")).alias("sub_reports")))
     return contexts.join(subs, "community", "left")
 
 
@@ -101,3 +120,87 @@ def generate_level_reports(contexts: DataFrame, report_fn: Callable[[dict], dict
             yield pd.DataFrame(rows, columns=REPORT_COLUMNS, dtype=object)
 
     return contexts.mapInPandas(run, schema)
+
+
+REPORT_STAGE = "community_reports"
+LLM_METHOD = "llm"
+FALLBACK_METHOD = "extractive (llm failed)"
+_CONTEXT_SCHEMA = ("id string, community int, level int, context string, n_tokens int, "
+                   "substituted array<int>, truncated boolean")
+
+
+def build_context(community: dict, max_tokens: int) -> dict:
+    """Pure: the paper's report context for one community context row (leaf, or higher with substitution)."""
+    entities = pd.DataFrame(as_list(community["entities"]),
+                            columns=["id", "human_readable_id", "title", "type", "description", "degree"])
+    relationships = pd.DataFrame(as_list(community["relationships"]), columns=[
+        "id", "human_readable_id", "source", "target", "description", "weight", "combined_degree"])
+    claims = pd.DataFrame(as_list(community.get("claims")),
+                          columns=["id", "human_readable_id", "subject", "type", "status", "description"])
+    subs = [SubCommunity(int(s["community"]), s["title"], s["full_content"], as_list(s["entity_ids"]),
+                         as_list(s["relationship_ids"])) for s in as_list(community["sub_reports"])]
+    if subs:
+        context = build_higher_context(CommunityElements(entities, relationships, claims), subs, max_tokens, count_tokens)
+    else:
+        context = build_leaf_context(entities, relationships, claims, max_tokens, count_tokens)
+    return {"id": community["id"], "community": community["community"], "level": community["level"],
+            "context": context.text, "n_tokens": context.n_tokens, "substituted": context.substituted_communities,
+            "truncated": context.truncated}
+
+
+def report_contexts(contexts: DataFrame, max_tokens: int) -> DataFrame:
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            yield pd.DataFrame([build_context(row, max_tokens) for row in batch.to_dict("records")], dtype=object,
+                               columns=[c.split()[0] for c in _CONTEXT_SCHEMA.split(", ")])
+    return contexts.mapInPandas(run, _CONTEXT_SCHEMA)
+
+
+async def write_report(client, context: str, prompt, max_tokens: int, item_id: str):
+    """One report call; invalid JSON that the parser cannot repair gets one corrective retry."""
+    from graphrag_spark.llm.stage import LlmWork
+
+    messages = [{"role": "user", "content": prompt.render(input_text=context)}]
+    calls = []
+    for attempt in range(2):
+        call = await client.chat(messages, max_tokens=max_tokens, json_mode=True, item_id=item_id,
+                                 stage=REPORT_STAGE, prompt_version=prompt.version)
+        calls.append(call)
+        if call.error:
+            return LlmWork(None, calls, call.error)
+        report, problem = parse_report(call.text)
+        if report is not None:
+            return LlmWork(report, calls)
+        messages = messages + [{"role": "assistant", "content": call.text},
+                               {"role": "user", "content": f"That was not a valid report ({problem}). "
+                                                           "Answer again with only the JSON object."}]
+    return LlmWork(None, calls, f"invalid report JSON after {len(calls)} answers: {problem}")
+
+
+def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str):
+    """LLM reports for one level's contexts (cached, batched, failures kept); failed ones fall back to extractive."""
+    from graphrag_spark.llm.stage import run_llm_stage
+    from graphrag_spark.prompts import load_prompt
+
+    prompt = load_prompt("community_report")
+    max_tokens = cfg.reports.max_output_tokens
+    built = report_contexts(contexts, cfg.reports.max_input_tokens).localCheckpoint()
+    items = built.select(F.col("id").alias("item_id"), F.col("context").alias("payload"))
+
+    async def work(client, item: dict):
+        return await write_report(client, item["payload"], prompt, max_tokens, item["item_id"])
+
+    outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
+                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
+    answered = (contexts.join(outcome.withColumnRenamed("item_id", "id"), "id")
+                .select("id", "community", "level", "entities", "relationships", "sub_reports", "result"))
+    max_findings = cfg.reports.max_findings
+
+    def to_report(row: dict) -> dict:
+        if row["result"] is None:
+            return {**extractive_report(row, max_findings), "method": FALLBACK_METHOD}
+        report = json.loads(row["result"])
+        return {"id": content_id("report", row["id"], LLM_METHOD), "community": row["community"], "level": row["level"],
+                **report, "full_content": render_full_content(report), "method": LLM_METHOD}
+
+    return generate_level_reports(answered, to_report), built, usage

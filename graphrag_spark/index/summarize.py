@@ -1,0 +1,53 @@
+"""Description summarization (paper step 5): one LLM-written description per node and edge that was
+described differently in several chunks. Runs as cached, batched LLM stages (see llm.stage);
+a failed summary keeps the joined instance descriptions, so no fact is lost."""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.config import Config
+from graphrag_spark.index.extract_llm import summarize_descriptions
+from graphrag_spark.llm.stage import LlmWork, StageUsage, run_llm_stage
+from graphrag_spark.prompts import load_prompt
+
+
+def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, table: str, name_col,
+               stage: str) -> tuple[DataFrame, StageUsage]:
+    prompt = load_prompt("summarize_descriptions")
+    max_tokens = cfg.extraction.summary_max_tokens
+    current = store.read(table)
+    items = (current.where(F.col("description").contains("\n"))
+             .select(F.col("id").alias("item_id"),
+                     F.to_json(F.struct(name_col.alias("name"), F.split("description", "\n").alias("descriptions"))).alias("payload")))
+
+    async def work(client, item: dict) -> LlmWork:
+        payload = json.loads(item["payload"])
+        text, call = await summarize_descriptions(client, payload["name"], payload["descriptions"], max_tokens,
+                                                  prompt=prompt, item_id=item["item_id"])
+        return LlmWork({"text": text}, [call], call.error)
+
+    outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, stage, items, work, run_id, prompt.version,
+                                   {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
+    summaries = outcome.where(F.col("result").isNotNull()).select(
+        F.col("item_id").alias("id"), F.get_json_object("result", "$.text").alias("summary"))
+    updated = (current.join(summaries, "id", "left")
+               .withColumn("description", F.coalesce("summary", "description")).drop("summary"))
+    return updated, usage
+
+
+def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str) -> list[StageUsage]:
+    """Rewrite multi-description entities and relationships with their LLM summaries."""
+    usages = []
+    for table, name_col, stage in ((T.ENTITIES, F.col("title"), "summarize_entities"),
+                                   (T.RELATIONSHIPS, F.concat_ws(" -> ", "source", "target"), "summarize_relationships")):
+        updated, usage = _summarize(spark, store, cfg, run_id, table, name_col, stage)
+        # Materialise before overwriting the table the plan reads from.
+        updated = updated.localCheckpoint()
+        store.write(updated, table)
+        usages.append(usage)
+    return usages

@@ -1,0 +1,129 @@
+"""The LLM extraction method end to end, over real HTTP to the project's local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.errors import StageFailed
+from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.llm.server import start_server
+
+pytestmark = pytest.mark.spark
+
+SECRET = "sk-test-THIS-KEY-MUST-NEVER-LEAK-0123456789abcdef"
+
+
+def _llm_config(make_config, server, *extra):
+    return make_config("extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                       "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
+                       "llm.items_per_commit=3", "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5",
+                       "llm.chat.price_per_1k_completion=1.5", *extra)
+
+
+@pytest.fixture
+def server():
+    with start_server(seed=3) as handle:
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def api_key(monkeypatch):
+    monkeypatch.setenv("GRAPHRAG_TEST_KEY", SECRET)
+
+
+def _served(server) -> int:
+    return server.stats()["served"]["chat"]
+
+
+def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, make_config, server, caplog, capsys):
+    for logger in ("graphrag_spark", "openai", "httpx"):
+        caplog.set_level(logging.DEBUG, logger=logger)
+    cfg = _llm_config(make_config, server)
+    summary = run_index(spark, cfg)
+    store = T.TableStore(spark, cfg.storage)
+    stats = server.stats()
+    assert stats["served"]["chat"] > 0
+    assert max(stats["served_hashes"].values()) == 1, "no call was repeated"
+    assert summary.counts["entities"] > 10 and summary.counts["relationships"] > 5 and summary.counts["claims"] > 0
+    assert store.read(T.ENTITY_INSTANCES).where(F.col("method") == "llm").count() > 0
+    usage = {u.stage: u for u in summary.usage}
+    extract = usage["extract"]
+    assert extract.items == store.read(T.TEXT_UNITS).count() and extract.cache_hits == 0 and extract.failures == 0
+    assert extract.calls >= extract.items  # first pass + gleaning checks (+ continuations) + claims
+    assert sum(u.calls for u in summary.usage) == stats["served"]["chat"]
+    assert extract.est_cost_usd > 0 and "LLM usage" in summary.render()
+    assert store.read(T.LLM_USAGE).where(F.col("stage") == "extract").count() == 1
+    summarized = store.read(T.ENTITIES).where(F.col("description").contains("\n")).count()
+    assert summarized == 0, "multi-description entities were summarized"
+
+    served_before = _served(server)
+    rerun = run_index(spark, cfg)
+    assert _served(server) == served_before, "a rerun makes zero calls for work already in Delta"
+    assert {u.stage: u.cache_hits for u in rerun.usage}["extract"] == extract.items
+    assert rerun.counts["entities"] == summary.counts["entities"]
+
+    # Secrets: not in logs, printed output, config dumps or any Delta table.
+    assert SECRET not in caplog.text and SECRET not in capsys.readouterr().out
+    assert SECRET not in cfg.model_dump_json()
+    for name in (T.LLM_RESULTS, T.LLM_USAGE, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS, T.COMMUNITY_REPORTS):
+        table = store.read(name)
+        as_text = table.select(F.to_json(F.struct(*table.columns)).alias("j"))
+        assert as_text.where(F.col("j").contains(SECRET)).count() == 0, name
+
+
+def test_a_crash_between_commits_repeats_at_most_the_batch_in_flight(spark, make_config, server, monkeypatch):
+    cfg = _llm_config(make_config, server, "extraction.summarize_descriptions=false")
+    appends = {"n": 0}
+    original = T.TableStore.write
+
+    def crashing_write(self, df, name, mode="overwrite"):
+        if name == T.LLM_RESULTS:
+            appends["n"] += 1
+            if appends["n"] == 3:  # the third batch's calls are paid, then the driver dies before committing
+                df.collect()
+                raise KeyboardInterrupt("simulated driver crash")
+        return original(self, df, name, mode)
+
+    monkeypatch.setattr(T.TableStore, "write", crashing_write)
+    with pytest.raises(KeyboardInterrupt):
+        run_index(spark, cfg)
+    monkeypatch.setattr(T.TableStore, "write", original)
+    store = T.TableStore(spark, cfg.storage)
+    committed = store.read(T.LLM_RESULTS).agg(F.sum("n_calls"), F.count("*")).collect()[0]
+    calls_before_crash = _served(server)
+    in_flight = calls_before_crash - committed[0]
+    assert committed[1] == 2 * cfg.llm.items_per_commit and in_flight > 0
+
+    server.reset()
+    run_index(spark, cfg)
+    total = store.read(T.LLM_RESULTS).where(F.col("stage") == "extract").agg(F.sum("n_calls")).collect()[0][0]
+    assert _served(server) == total - committed[0], "the rerun paid only for work not committed before the crash"
+    assert _served(server) - (total - calls_before_crash) == in_flight
+
+
+def test_injected_faults_still_extract_every_chunk(spark, make_config):
+    with start_server(seed=5, error_rate=0.1, rate_429=0.05, timeout_rate=0.05, retry_after_s=0.2) as faulty:
+        cfg = _llm_config(make_config, faulty, "extraction.summarize_descriptions=false", "llm.items_per_commit=50")
+        summary = run_index(spark, cfg)
+        injected = faulty.stats()["injected"]
+    extract = {u.stage: u for u in summary.usage}["extract"]
+    assert sum(injected[k] for k in ("500", "429", "timeout")) > 0
+    assert extract.failures == 0 and extract.retries > 0
+    store = T.TableStore(spark, cfg.storage)
+    extracted = store.read(T.ENTITY_INSTANCES).select("text_unit_id").distinct().count()
+    assert extracted == store.read(T.TEXT_UNITS).count(), "every chunk extracted"
+
+
+def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, make_config):
+    with start_server(error_rate=1.0) as broken:
+        cfg = _llm_config(make_config, broken, "llm.chat.max_retries=1")
+        with pytest.raises(StageFailed, match=r"items failed .*llm_results"):
+            run_index(spark, cfg)
+    failed = T.TableStore(spark, cfg.storage).read(T.LLM_RESULTS).collect()
+    assert failed and all(r.error and r.stage == "extract" and r.item_id and r.attempts >= 2 for r in failed)
+    assert SECRET not in " ".join(r.error for r in failed)
