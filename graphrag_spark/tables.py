@@ -9,7 +9,9 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
+    TimestampType,
     DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     MapType,
@@ -39,8 +41,12 @@ ENTITIES = "entities"
 RELATIONSHIPS = "relationships"
 COMMUNITIES = "communities"
 COMMUNITY_REPORTS = "community_reports"
-LLM_CALLS = "llm_calls"
+LLM_RESULTS = "llm_results"
 LLM_USAGE = "llm_usage"
+TEXT_UNIT_EMBEDDINGS = "text_unit_embeddings"
+ENTITY_EMBEDDINGS = "entity_embeddings"
+# Not an index table: the Delta table that `jobs/query.py --questions ... --output PATH` writes.
+QUERY_ANSWERS = "query_answers"
 
 SCHEMAS: dict[str, StructType] = {
     DOCUMENTS: _schema(
@@ -77,6 +83,27 @@ SCHEMAS: dict[str, StructType] = {
         ("id", STR), ("community", INT), ("level", INT), ("title", STR), ("summary", STR), ("rating", DBL),
         ("rating_explanation", STR), ("findings", ArrayType(_schema(("summary", STR), ("explanation", STR)))),
         ("full_content", STR), ("method", STR),
+    ),
+    # One row per LLM work item and run: the cache (successes are never paid again) and the
+    # failure log (error rows are retried by the next run).
+    LLM_RESULTS: _schema(
+        ("item_key", STR), ("stage", STR), ("item_id", STR), ("model", STR), ("run_id", STR), ("result", STR),
+        ("error", STR), ("n_calls", INT), ("attempts", INT), ("n_429", INT), ("prompt_tokens", LONG),
+        ("completion_tokens", LONG), ("call_latencies", ArrayType(DoubleType())), ("created_at", TimestampType()),
+    ),
+    LLM_USAGE: _schema(
+        ("run_id", STR), ("stage", STR), ("items", LONG), ("cache_hits", LONG), ("calls", LONG), ("retries", LONG),
+        ("failures", LONG), ("n_429", LONG), ("prompt_tokens", LONG), ("completion_tokens", LONG),
+        ("latency_p50_s", DBL), ("latency_p95_s", DBL), ("est_cost_usd", DBL), ("wall_s", DBL),
+    ),
+    # A null vector is an item whose embedding call failed (counted in the run summary).
+    TEXT_UNIT_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
+    ENTITY_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
+    # latency_s is per question; in batch mode it is the batch's wall time shared equally by its questions.
+    QUERY_ANSWERS: _schema(
+        ("question", STR), ("method", STR), ("level", INT), ("answer", STR), ("context_units", INT),
+        ("context_tokens", LONG), ("prompt_tokens", LONG), ("completion_tokens", LONG), ("llm_calls", INT),
+        ("failed_llm_calls", INT), ("malformed_map_answers", INT), ("latency_s", DBL),
     ),
 }
 
