@@ -43,7 +43,6 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         # Speculative copies of an LLM task would pay for the same calls twice.
         "spark.speculation": "false",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
-        "spark.default.parallelism": str(max(2, cfg.shuffle_partitions)),
         "spark.driver.memory": cfg.driver_memory,
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",

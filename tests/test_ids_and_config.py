@@ -55,3 +55,11 @@ def test_missing_config_file_and_unset_env_var(tmp_path):
     path.write_text("llm:\n  chat:\n    api_base: ${SURELY_UNSET_VAR_123}\n")
     with pytest.raises(UserError, match="SURELY_UNSET_VAR_123"):
         load_config(path)
+
+
+@pytest.mark.parametrize("name", ["local.yaml", "local-llm.yaml", "openai.yaml", "azure.yaml"])
+def test_shipped_configs_validate(name, monkeypatch):
+    monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", "https://example.openai.azure.com")
+    cfg = load_config(f"conf/{name}")
+    assert cfg.extraction.method == ("nlp" if name == "local.yaml" else "llm")
+    assert cfg.llm.chat.api_key_env.isidentifier(), "configs name the key's environment variable, never the key"

@@ -3,26 +3,41 @@
 from __future__ import annotations
 
 import logging
-import os
+import shutil
 
 import pytest
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.index.pipeline import estimate_extraction, run_index
 from graphrag_spark.llm.server import start_server
+
+from conftest import SAMPLE_CORPUS
 
 pytestmark = pytest.mark.spark
 
 SECRET = "sk-test-THIS-KEY-MUST-NEVER-LEAK-0123456789abcdef"
 
 
-def _llm_config(make_config, server, *extra):
-    return make_config("extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
-                       "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
-                       "llm.items_per_commit=3", "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5",
-                       "llm.chat.price_per_1k_completion=1.5", *extra)
+@pytest.fixture(scope="module")
+def mini_corpus(tmp_path_factory):
+    """Three sample files (5 documents): enough for several batches and communities, cheap on 2 cores."""
+    folder = tmp_path_factory.mktemp("mini")
+    for name in ("lumen_cells_factory.txt", "seals_report.md", "business_briefs.csv"):
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+    return folder
+
+
+@pytest.fixture
+def llm_config(make_config, mini_corpus):
+    def make(server, *extra):
+        return make_config("extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                           "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
+                           "llm.items_per_commit=2", "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5",
+                           "llm.chat.price_per_1k_completion=1.5", "chunking.size=200", "chunking.overlap=30", *extra,
+                           input_path=mini_corpus)
+    return make
 
 
 @pytest.fixture
@@ -40,12 +55,17 @@ def _served(server) -> int:
     return server.stats()["served"]["chat"]
 
 
-def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, make_config, server, caplog, capsys):
+def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_config, server, caplog, capsys):
     for logger in ("graphrag_spark", "openai", "httpx"):
         caplog.set_level(logging.DEBUG, logger=logger)
-    cfg = _llm_config(make_config, server)
+    cfg = llm_config(server)
+    dry = estimate_extraction(spark, cfg)
+    assert _served(server) == 0, "a dry run calls nothing"
+    assert dry["extraction calls (at most)"] == dry["chunks to extract"] * (1 + 2 * cfg.extraction.max_gleanings + 1)
     summary = run_index(spark, cfg)
     store = T.TableStore(spark, cfg.storage)
+    assert dry["chunks to extract"] == store.read(T.TEXT_UNITS).count()
+    assert estimate_extraction(spark, cfg)["chunks to extract"] == 0
     stats = server.stats()
     assert stats["served"]["chat"] > 0
     assert max(stats["served_hashes"].values()) == 1, "no call was repeated"
@@ -76,8 +96,8 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, make_conf
         assert as_text.where(F.col("j").contains(SECRET)).count() == 0, name
 
 
-def test_a_crash_between_commits_repeats_at_most_the_batch_in_flight(spark, make_config, server, monkeypatch):
-    cfg = _llm_config(make_config, server, "extraction.summarize_descriptions=false")
+def test_a_crash_between_commits_repeats_at_most_the_batch_in_flight(spark, llm_config, server, monkeypatch):
+    cfg = llm_config(server, "extraction.summarize_descriptions=false", "reports.method=extractive")
     appends = {"n": 0}
     original = T.TableStore.write
 
@@ -106,9 +126,10 @@ def test_a_crash_between_commits_repeats_at_most_the_batch_in_flight(spark, make
     assert _served(server) - (total - calls_before_crash) == in_flight
 
 
-def test_injected_faults_still_extract_every_chunk(spark, make_config):
+def test_injected_faults_still_extract_every_chunk(spark, llm_config):
     with start_server(seed=5, error_rate=0.1, rate_429=0.05, timeout_rate=0.05, retry_after_s=0.2) as faulty:
-        cfg = _llm_config(make_config, faulty, "extraction.summarize_descriptions=false", "llm.items_per_commit=50")
+        cfg = llm_config(faulty, "extraction.summarize_descriptions=false", "reports.method=extractive",
+                         "llm.items_per_commit=50")
         summary = run_index(spark, cfg)
         injected = faulty.stats()["injected"]
     extract = {u.stage: u for u in summary.usage}["extract"]
@@ -119,9 +140,9 @@ def test_injected_faults_still_extract_every_chunk(spark, make_config):
     assert extracted == store.read(T.TEXT_UNITS).count(), "every chunk extracted"
 
 
-def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, make_config):
+def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, llm_config):
     with start_server(error_rate=1.0) as broken:
-        cfg = _llm_config(make_config, broken, "llm.chat.max_retries=1")
+        cfg = llm_config(broken, "llm.chat.max_retries=1")
         with pytest.raises(StageFailed, match=r"items failed .*llm_results"):
             run_index(spark, cfg)
     failed = T.TableStore(spark, cfg.storage).read(T.LLM_RESULTS).collect()

@@ -143,3 +143,42 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
     summary.counts["reports per level"] = dict(sorted(per_level.items()))
     if use_llm:
         summary.counts["contexts with substituted sub-reports"] = dict(sorted(substituted.items()))
+
+
+def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
+    """``--dry-run``: what LLM extraction would spend, without calling anything or writing tables.
+
+    Chunks already in the LLM cache cost nothing. Per chunk: one extraction call, up to two calls
+    per gleaning round (check + continuation), one claims call; prompt tokens count the rendered
+    template plus the chunk for each call (gleaning calls also resend the conversation, so this
+    is a lower bound for them); completion tokens are estimated at half the chunk per call.
+    """
+    from graphrag_spark.index.extract_llm import ExtractionPrompts
+    from graphrag_spark.llm.stage import with_item_keys
+    from graphrag_spark.tokens import count_tokens
+
+    store = T.TableStore(spark, cfg.storage)
+    documents, _, counts = build_documents(spark, cfg.input)
+    units = build_text_units(documents, cfg.chunking)
+    prompts = ExtractionPrompts.load()
+    version = prompts.version + (f"+{prompts.claims.version[:8]}" if cfg.extraction.claims else "")
+    items = with_item_keys(units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"), "n_tokens"),
+                           extraction.EXTRACTION_STAGE, cfg.llm.chat.model, version,
+                           extraction.extraction_params(cfg.extraction, cfg.llm.chat))
+    done = store.read_or_empty(T.LLM_RESULTS).where(F.col("error").isNull()).select("item_key")
+    pending = items.dropDuplicates(["item_key"]).join(done, "item_key", "left_anti")
+    row = pending.agg(F.count("*").alias("n"), F.sum("n_tokens").alias("tokens")).collect()[0]
+    n_chunks, chunk_tokens = int(row.n), int(row.tokens or 0)
+    template = count_tokens(prompts.extraction.render(entity_types=", ".join(cfg.extraction.entity_types),
+                                                      examples=prompts.examples.text, input_text=""))
+    calls_per_chunk = 1 + 2 * cfg.extraction.max_gleanings + (1 if cfg.extraction.claims else 0)
+    calls = n_chunks * calls_per_chunk
+    prompt_tokens = calls_per_chunk * (n_chunks * template + chunk_tokens)
+    completion_tokens = calls_per_chunk * chunk_tokens // 2
+    cost = prompt_tokens / 1000 * cfg.llm.chat.price_per_1k_prompt + completion_tokens / 1000 * cfg.llm.chat.price_per_1k_completion
+    return {"documents": counts["documents"], "chunks to extract": n_chunks,
+            "chunks already cached": items.select("item_key").distinct().count() - n_chunks,
+            "extraction calls (at most)": calls, "prompt tokens (estimate)": prompt_tokens,
+            "completion tokens (estimate)": completion_tokens, "estimated cost USD": round(cost, 4),
+            "not included": "description summaries (1 call per multi-description node/edge) and "
+                            "reports (1-2 calls per community), known only after extraction"}

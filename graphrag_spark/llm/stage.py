@@ -119,6 +119,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     pending_keys = sorted(r.item_key for r in unique_items.join(done, "item_key", "left_anti").select("item_key").collect())
     n_items = unique_items.count()
     n_pending = len(pending_keys)
+    # Task slots of the cluster: every task of a batch runs at once, so each gets 1/n of the budget.
     parallelism = spark.sparkContext.defaultParallelism
     safe_fn = _safe(work_fn)
     model_name = model.model
