@@ -146,9 +146,13 @@ class LlmModelConfig(_Section):
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
 
 
+class EmbeddingModelConfig(LlmModelConfig):
+    model: str = Field("text-embedding-3-small", description="Embedding model or deployment name.")
+
+
 class LlmConfig(_Section):
     chat: LlmModelConfig = Field(default_factory=LlmModelConfig)
-    embedding: LlmModelConfig = Field(default_factory=lambda: LlmModelConfig(model="text-embedding-3-small"))
+    embedding: EmbeddingModelConfig = Field(default_factory=EmbeddingModelConfig)
     items_per_commit: int = Field(
         256, gt=0, description="LLM work is committed to Delta every this many items: a crash repeats at most one batch."
     )
@@ -162,6 +166,34 @@ class EmbeddingsConfig(_Section):
         "offline", description="`offline` = bundled all-MiniLM-L6-v2 run in numpy (384-d, no download; reads the first 256 word pieces of a text); `openai` = llm.embedding through the project client."
     )
     batch_size: int = Field(64, gt=0, description="Texts per embeddings request (openai) or per encoder call (offline).")
+
+
+class RaptorConfig(_Section):
+    """The RAPTOR tree index (jobs/raptor.py, query method `raptor`). The tree fields mirror
+    graphrag_spark.raptor.params.RaptorParams, which documents them in full."""
+
+    method: Literal["extractive", "llm"] = Field(
+        "extractive", description="Cluster summaries: `extractive` = offline, the cluster's most central sentences (no LLM); `llm` = the paper's abstractive summaries (llm.chat, prompts/raptor_summary.txt)."
+    )
+    scope: Literal["corpus", "document"] = Field("corpus", description="`corpus` = one tree over all documents; `document` = one tree per document.")
+    chunk_tokens: int = Field(100, ge=1, description="Leaf chunk size in tokens; a chunk never cuts a sentence (paper: ~100).")
+    threshold: float = Field(0.1, gt=0, lt=1, description="A node joins every cluster whose posterior exceeds this (paper: 0.1).")
+    max_layers: int = Field(5, ge=1, description="Most summary layers above the leaves.")
+    reduction_dim: int = Field(10, ge=1, description="UMAP components (paper: 10).")
+    max_cluster_tokens: int = Field(3500, ge=1, description="Summarizer input budget: a cluster with more tokens is clustered again.")
+    summary_tokens: int = Field(150, ge=1, description="Length of an extractive summary in tokens (paper: LLM summaries average ~131).")
+    summary_max_tokens: int = Field(400, gt=0, description="`llm` method: max_tokens of one summary call (a cap, not a target).")
+    seed: int = Field(224, description="Seed of UMAP and the Gaussian mixtures: the same input gives the same tree.")
+    min_nodes_to_cluster: int = Field(3, ge=2, description="A layer with fewer nodes is the top of the tree.")
+    reg_covar: float = Field(1e-3, gt=0, description="Regularizer added to the mixtures' diagonal variances.")
+    max_clusters: int = Field(50, ge=1, description="Largest number of mixture components tried when choosing k by BIC (paper: 50).")
+    global_neighbors_cap: int = Field(50, ge=2, description="Cap on the global UMAP pass's n_neighbors (~sqrt(n)).")
+    local_neighbors: int = Field(10, ge=2, description="n_neighbors of the local UMAP pass inside one global cluster (paper: 10).")
+    retrieval: Literal["collapsed_tree", "tree_traversal"] = Field(
+        "collapsed_tree", description="`collapsed_tree` = all layers ranked together under max_context_tokens (paper's default, better); `tree_traversal` = top-k per layer from the roots down."
+    )
+    max_context_tokens: int = Field(2000, gt=0, description="Collapsed tree: token budget of the retrieved nodes (paper: 2000).")
+    traversal_top_k: int = Field(5, gt=0, description="Tree traversal: nodes kept per layer.")
 
 
 class SparkConfig(_Section):
@@ -184,6 +216,7 @@ class Config(_Section):
     query: QueryConfig = Field(default_factory=QueryConfig)
     llm: LlmConfig = Field(default_factory=LlmConfig)
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
+    raptor: RaptorConfig = Field(default_factory=RaptorConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 

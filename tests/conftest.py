@@ -35,3 +35,15 @@ def make_config(tmp_path):
                             f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *overrides])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def sample_index(spark, tmp_path_factory):
+    """The offline index of data/sample, built once per test session: (config, run summary)."""
+    from graphrag_spark.config import load_config
+    from graphrag_spark.index.pipeline import run_index
+
+    root = tmp_path_factory.mktemp("sample") / "index"
+    cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={SAMPLE_CORPUS}",
+                                                     f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
+    return cfg, run_index(spark, cfg)

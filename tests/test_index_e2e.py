@@ -6,20 +6,15 @@ import pytest
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
-from graphrag_spark.config import load_config
 from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.query.global_search import offline_global_search
-
-from conftest import REPO, SAMPLE_CORPUS
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def index(spark, tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e") / "index"
-    cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={SAMPLE_CORPUS}"])
-    summary = run_index(spark, cfg)
+def index(spark, sample_index):
+    cfg, summary = sample_index
     return cfg, T.TableStore(spark, cfg.storage), summary
 
 

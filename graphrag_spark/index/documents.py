@@ -20,7 +20,6 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from graphrag_spark import tables as T
 from graphrag_spark.config import InputConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id, normalize_text

@@ -1,45 +1,63 @@
 """Global search (paper 3.1.6): map-reduce over the community reports of exactly one level.
 
-Prepare: shuffle the level's reports (seeded) and pack them into token-sized batches, so
-relevant reports spread across batches. Map: every batch, in parallel as a Spark job, yields
-points with a helpfulness score 0-100; score-0 points are dropped. Reduce: points sorted by
-score fill the reduce context up to its token budget and become the final answer, citing
-``[Data: Reports (ids)]``. The offline method scores by lexical overlap and answers
-extractively; the LLM method plugs other map and reduce functions into the same shape.
+Prepare: shuffle the context units (seeded) and pack them into token-sized batches, so relevant
+units spread across batches. Map: every (question, batch) pair, in parallel as one Spark job,
+yields points with a helpfulness score 0-100. Reduce: score-0 points are dropped, the rest,
+sorted by score, fill the reduce context up to its token budget and become the final answer,
+citing ``[Data: Reports (ids)]``; with no point left the answer says the data cannot answer.
+
+The shape is shared: TS (``text_summary``) runs it over shuffled text units, and two pairs of
+map and reduce functions plug into it: offline (lexical scores, extractive answer, no LLM) and
+LLM (the ``global_map`` / ``global_reduce`` prompts). A map answer that is not the requested
+JSON is counted as malformed (its salvageable points still count), never silently dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import random
 import re
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from graphrag_spark.config import Config, QueryConfig
 from graphrag_spark.errors import UserError
-from graphrag_spark.index.extract_nlp import STOP_WORDS, split_sentences
+from graphrag_spark.index.extract_nlp import split_sentences
 from graphrag_spark.index.report_json import format_data_refs
+from graphrag_spark.llm.client import CallResult
+from graphrag_spark.prompts import load_prompt
+from graphrag_spark.query.context import NO_ANSWER, format_table, terms
+from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call, partitions_for, run_in_executors
 from graphrag_spark.tokens import count_tokens
 
-NO_ANSWER = "I am sorry, but the index holds no information relevant to this question."
-_TERM = re.compile(r"[a-z0-9][a-z0-9'-]*")
+log = logging.getLogger(__name__)
+
+_DATA_BLOCK = re.compile(r"\[Data:([^\[\]]*)\]")
+_POINT = re.compile(r'"description"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"score"\s*:\s*"?(-?\d+(?:\.\d+)?)')
+_FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)(?:```|\Z)", re.S)
 
 
 @dataclass
 class MapPoint:
     description: str
     score: float
-    report_ids: list[int]
+    report_ids: list[int]  # the context units the point cites: reports, or text units for TS
+    batch: int = -1
 
 
 @dataclass
 class SearchResult:
+    """One answered question. ``context``: the units the method looked at (with their scores);
+    ``points``: the map points of a map-reduce (``selected`` = went into the reduce context);
+    ``context_text``: the single context window of basic and local search, as the LLM sees it."""
+
     answer: str
     method: str
     level: int | None
@@ -49,6 +67,39 @@ class SearchResult:
     context_tokens: int = 0
     llm_calls: int = 0
     latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failed_llm_calls: int = 0
+    malformed_map_answers: int = 0
+    embedding_calls: int = 0
+    context_text: str = field(default="", repr=False)
+
+    def as_spark(self, spark: SparkSession, table: str = "context") -> DataFrame:
+        """``context`` or ``points`` as a Spark DataFrame (for ``display`` in a notebook)."""
+        frame = getattr(self, table)
+        if not len(frame):
+            return spark.createDataFrame([], ", ".join(f"`{c}` string" for c in frame.columns))
+        return spark.createDataFrame(frame)
+
+
+@dataclass(frozen=True)
+class Units:
+    """The context units one map-reduce runs over, and how they are shown and cited."""
+
+    kind: str  # table name in prompts and citations: "Reports" or "Sources"
+    id_key: str  # item key holding the cited id
+    columns: tuple[str, ...]  # item keys shown in the map context after the id; "text" is the content
+    items: list[dict]  # each with id_key, the columns, "text" and "n_tokens"
+    rating_fallback: bool = False  # offline: with no lexical match, summarise the highest-rated reports
+
+
+@dataclass
+class MapReduceAnswer:
+    answer: str
+    points: list[MapPoint]
+    selected: list[MapPoint]
+    calls: list[CallResult] = field(default_factory=list)
+    malformed: int = 0
 
 
 def pack_by_tokens(items: list[dict], max_tokens: int, seed: int | None, text_key: str = "text") -> list[list[dict]]:
@@ -69,27 +120,23 @@ def pack_by_tokens(items: list[dict], max_tokens: int, seed: int | None, text_ke
     return batches
 
 
-def _terms(text: str) -> list[str]:
-    return [t for t in _TERM.findall(text.lower()) if t not in STOP_WORDS and len(t) > 2]
-
-
-def lexical_map(question: str, batch: list[dict]) -> list[MapPoint]:
-    """Offline map: per report, the sentences sharing most question terms; score 0-100 by term coverage."""
-    wanted = set(_terms(question))
+def lexical_map(question: str, batch: list[dict], kind: str = "Reports", id_key: str = "community") -> list[MapPoint]:
+    """Offline map: per unit, the sentences sharing most question terms; score 0-100 by term coverage."""
+    wanted = set(terms(question))
     points = []
-    for report in batch:
+    for unit in batch:
         best: list[tuple[int, str]] = []
-        for sentence in split_sentences(report["text"]):
-            hits = len(wanted & set(_terms(sentence)))
+        for sentence in split_sentences(unit["text"]):
+            hits = len(wanted & set(terms(sentence)))
             if hits:
                 best.append((hits, sentence.strip()))
         if not best:
             continue
         best.sort(key=lambda pair: -pair[0])
-        covered = len(wanted & set(_terms(report["text"])))
+        covered = len(wanted & set(terms(unit["text"])))
         score = round(100 * covered / max(1, len(wanted)), 1)
         text = " ".join(s for _, s in best[:2])
-        points.append(MapPoint(f"{text} {format_data_refs({'Reports': [report['community']]})}", score, [report["community"]]))
+        points.append(MapPoint(f"{text} {format_data_refs({kind: [unit[id_key]]})}", score, [unit[id_key]]))
     return points
 
 
@@ -111,56 +158,211 @@ def select_points(points: list[MapPoint], max_tokens: int) -> list[MapPoint]:
     return chosen
 
 
-def extractive_reduce(question: str, points: list[MapPoint], max_points: int, fallback: bool) -> str:
+def extractive_reduce(question: str, points: list[MapPoint], max_points: int, fallback: bool,
+                      units_name: str = "community reports") -> str:
     if not points:
         return NO_ANSWER
     lead = ("No community report shares terms with the question; the most significant communities are summarised instead."
-            if fallback else f"The most relevant community reports for \"{question}\" say:")
+            if fallback else f"The most relevant {units_name} for \"{question}\" say:")
     return lead + "\n\n" + "\n".join(f"- {p.description}" for p in points[:max_points])
 
 
+def map_context(batch: list[dict], units: Units) -> str:
+    return format_table(units.kind, ["id", *units.columns],
+                        [[unit[units.id_key], *(unit[c] for c in units.columns)] for unit in batch])
+
+
+def cited_ids(text: str, kind: str) -> list[int]:
+    """Ids of ``kind`` in every ``[Data: ...]`` block of ``text`` ("+more" and non-numbers skipped)."""
+    ids = []
+    for block in _DATA_BLOCK.findall(text):
+        for match in re.finditer(rf"{kind}\s*\(([^()]*)\)", block):
+            ids += [int(i) for i in (s.strip() for s in match.group(1).split(",")) if i.isdigit()]
+    return list(dict.fromkeys(ids))
+
+
+def parse_map_answer(text: str, kind: str) -> tuple[list[MapPoint], bool]:
+    """Points of a map answer ``{"points": [{"description", "score"}]}`` and whether it was malformed.
+
+    A malformed answer (no such JSON object: prose, cut off at the token limit) still yields the
+    complete ``description``/``score`` pairs found in it.
+    """
+    fenced = _FENCE.search(text)
+    body = fenced.group(1) if fenced else text
+    for start in [m.start() for m in re.finditer(r"\{", body)][:8]:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(body, start)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("points"), list):
+            points, malformed = [], False
+            for item in obj["points"]:
+                try:
+                    description, score = str(item["description"]), float(item["score"])
+                except (KeyError, TypeError, ValueError):
+                    malformed = True
+                    continue
+                points.append(MapPoint(description, min(100.0, max(0.0, score)), cited_ids(description, kind)))
+            return points, malformed
+    salvaged = [MapPoint(json.loads(f'"{d}"'), min(100.0, max(0.0, float(s))), cited_ids(d, kind))
+                for d, s in _POINT.findall(body)]
+    return salvaged, True
+
+
+def reduce_context(points: list[MapPoint]) -> str:
+    return "\n".join(f"----Analyst {i}----\nImportance Score: {p.score:g}\n{p.description}\n"
+                     for i, p in enumerate(points, 1))
+
+
+def map_reduce(spark: SparkSession, questions: list[str], units: Units, cfg: Config) -> list[MapReduceAnswer]:
+    """Answer every question over the same packed batches; all map calls of all questions form one Spark job."""
+    q = cfg.query
+    batches = pack_by_tokens(units.items, q.batch_tokens, q.seed)
+    pairs = [(qi, bi) for qi in range(len(questions)) for bi in range(len(batches))]
+    shape = dataclasses.replace(units, items=[])  # what executor closures need; the items travel as batches
+    if q.llm:
+        return _llm_map_reduce(spark, questions, shape, batches, pairs, cfg)
+    return _offline_map_reduce(spark, questions, shape, batches, pairs, q)
+
+
+def _run_map(spark: SparkSession, batches: list[list[dict]], pairs: list[tuple[int, int]],
+             fn: Callable[[list[tuple[int, int]], list[list[dict]]], list[str]]) -> list[str]:
+    """``fn`` over (question, batch) index pairs in executors; the batches travel once, as a broadcast."""
+    shared = spark.sparkContext.broadcast(batches)
+    try:
+        return run_in_executors(spark, [json.dumps(p) for p in pairs],
+                                lambda payloads: fn([tuple(json.loads(p)) for p in payloads], shared.value))
+    finally:
+        shared.unpersist()
+
+
+def _points_json(points: list[MapPoint]) -> str:
+    return json.dumps([[p.description, p.score, p.report_ids] for p in points])
+
+
+def _offline_map_reduce(spark: SparkSession, questions: list[str], units: Units, batches: list[list[dict]],
+                        pairs: list[tuple[int, int]], q: QueryConfig) -> list[MapReduceAnswer]:
+    def lexical(pairs_part, shared):
+        return [_points_json(lexical_map(questions[qi], shared[bi], units.kind, units.id_key)) for qi, bi in pairs_part]
+
+    points: list[list[MapPoint]] = [[] for _ in questions]
+    for (qi, bi), found in zip(pairs, _run_map(spark, batches, pairs, lexical)):
+        points[qi] += [MapPoint(d, s, list(ids), bi) for d, s, ids in json.loads(found)]
+    fallback = [not found and bool(terms(question)) and units.rating_fallback for found, question in zip(points, questions)]
+    if any(fallback):
+        rated_pairs = [(0, bi) for bi in range(len(batches))]
+        rated = _run_map(spark, batches, rated_pairs, lambda part, shared: [_points_json(rating_map(shared[bi])) for _, bi in part])
+        rated_points = [MapPoint(d, s, list(ids), bi) for (_, bi), found in zip(rated_pairs, rated) for d, s, ids in json.loads(found)]
+        points = [rated_points if use else found for use, found in zip(fallback, points)]
+    answers = []
+    for question, found, used_fallback in zip(questions, points, fallback):
+        selected = select_points(found, q.reduce_tokens)
+        answer = extractive_reduce(question, selected, q.max_answer_points, used_fallback,
+                                   "community reports" if units.kind == "Reports" else "source texts")
+        answers.append(MapReduceAnswer(answer, found, selected))
+    return answers
+
+
+def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, batches: list[list[dict]],
+                    pairs: list[tuple[int, int]], cfg: Config) -> list[MapReduceAnswer]:
+    q, chat = cfg.query, cfg.llm.chat
+    map_prompt, reduce_prompt = load_prompt("global_map"), load_prompt("global_reduce")
+    share = 1.0 / partitions_for(spark, len(pairs))
+
+    def call_map(pairs_part, shared):
+        prompts = [map_prompt.render(question=questions[qi], context_data=map_context(shared[bi], units)) for qi, bi in pairs_part]
+        return chat_calls(prompts, chat, share, stage="global_map", max_tokens=q.map_max_tokens, json_mode=True,
+                          prompt_version=map_prompt.version)
+
+    answers = [MapReduceAnswer("", [], []) for _ in questions]
+    for (qi, bi), raw in zip(pairs, _run_map(spark, batches, pairs, call_map)):
+        result = decode_call(raw)
+        answer = answers[qi]
+        answer.calls.append(result)
+        if not result.ok:
+            continue
+        found, malformed = parse_map_answer(result.text, units.kind)
+        if malformed:
+            answer.malformed += 1
+            log.warning("Malformed map answer (question %d, batch %d): %d points salvaged", qi, bi, len(found))
+        answer.points += [MapPoint(p.description, p.score, p.report_ids, bi) for p in found]
+    for answer in answers:
+        answer.selected = select_points(answer.points, q.reduce_tokens)
+    to_reduce = [i for i, answer in enumerate(answers) if answer.selected]
+    prompts = [reduce_prompt.render(question=questions[i], report_data=reduce_context(answers[i].selected),
+                                    response_type=q.response_type) for i in to_reduce]
+    reduced = chat_in_executors(spark, prompts, chat, stage="global_reduce", max_tokens=q.answer_max_tokens,
+                                prompt_version=reduce_prompt.version)
+    for i, result in zip(to_reduce, reduced):
+        answers[i].calls.append(result)
+        answers[i].answer = result.text if result.ok else f"The answer could not be generated: {result.error}"
+    for answer in answers:
+        failed = [c for c in answer.calls if not c.ok]
+        if answer.selected:
+            continue
+        if failed and len(failed) == len(answer.calls):
+            answer.answer = f"The answer could not be generated: all {len(failed)} map calls failed ({failed[0].error})."
+        else:
+            answer.answer = NO_ANSWER
+    return answers
+
+
 def load_level_reports(spark: SparkSession, reports: DataFrame, level: int) -> list[dict]:
-    """Reports of exactly one level; a level finer than the deepest uses the projected communities."""
+    """Reports of exactly one level; a level finer than the deepest uses the deepest, where the
+    communities of coarser levels without sub-communities are projected down."""
+    if level < 0:
+        raise UserError(f"Level {level} does not exist; community levels start at 0 (C0 = the root communities).")
     levels = sorted(r[0] for r in reports.select("level").distinct().collect())
     if not levels:
         raise UserError("The index has no community reports; run jobs/index.py first.")
     use = min(level, levels[-1])
     rows = reports.where(F.col("level") == use).select("community", "title", "summary", "rating", "full_content").collect()
     return [{"community": r.community, "title": r.title, "summary": r.summary, "rating": r.rating,
-             "text": r.full_content, "level": use} for r in rows]
+             "text": r.full_content, "n_tokens": count_tokens(r.full_content or ""), "level": use} for r in rows]
 
 
-def run_map(spark: SparkSession, batches: list[list[dict]], map_fn: Callable[[list[dict]], list[MapPoint]]) -> list[MapPoint]:
-    """The map step as a Spark job: one row per batch, map_fn in executors."""
-    if not batches:
-        return []
-    frame = spark.createDataFrame(pd.DataFrame({"batch": [json.dumps(b) for b in batches]}))
-    frame = frame.repartition(min(len(batches), spark.sparkContext.defaultParallelism))
+def to_results(answers: list[MapReduceAnswer], units: Units, method: str, level: int | None,
+               context: pd.DataFrame, started: float) -> list[SearchResult]:
+    """SearchResults of a map-reduce; ``context`` gains each unit's best map score for that question."""
+    latency = (time.perf_counter() - started) / max(1, len(answers))
+    results = []
+    for answer in answers:
+        chosen = {id(p) for p in answer.selected}
+        points = pd.DataFrame([{"description": p.description, "score": p.score, "report_ids": p.report_ids,
+                                "batch": p.batch, "selected": id(p) in chosen} for p in answer.points],
+                              columns=["description", "score", "report_ids", "batch", "selected"])
+        best: dict[int, float] = {}
+        for p in answer.points:
+            for unit in p.report_ids:
+                best[unit] = max(best.get(unit, 0.0), p.score)
+        scored = context.assign(score=context[units.id_key].map(lambda u: best.get(u, 0.0)))
+        calls = answer.calls
+        results.append(SearchResult(
+            answer=answer.answer, method=method, level=level, context=scored, points=points,
+            context_units=len(units.items), context_tokens=sum(u["n_tokens"] for u in units.items),
+            llm_calls=len(calls), latency_s=latency,
+            prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls),
+            failed_llm_calls=sum(not c.ok for c in calls), malformed_map_answers=answer.malformed))
+    return results
 
-    def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for part in parts:
-            rows = [(p.description, p.score, p.report_ids) for b in part["batch"] for p in map_fn(json.loads(b))]
-            yield pd.DataFrame(rows, columns=["description", "score", "report_ids"], dtype=object)
 
-    out = frame.mapInPandas(run, "description string, score double, report_ids array<int>").collect()
-    return [MapPoint(r.description, r.score, list(r.report_ids)) for r in out]
+def global_search(spark: SparkSession, reports: DataFrame, questions: list[str], cfg: Config,
+                  level: int | None = None) -> list[SearchResult]:
+    """Conditions C0..Cn: map-reduce over the reports of one level (default ``query.level``)."""
+    started = time.perf_counter()
+    items = load_level_reports(spark, reports, cfg.query.level if level is None else level)
+    used_level = items[0]["level"] if items else level
+    units = Units("Reports", "community", ("title", "text"), items, rating_fallback=True)
+    answers = map_reduce(spark, questions, units, cfg)
+    context = pd.DataFrame([{"community": r["community"], "title": r["title"], "level": r["level"], "rating": r["rating"],
+                             "tokens": r["n_tokens"]} for r in items],
+                           columns=["community", "title", "level", "rating", "tokens"])
+    return to_results(answers, units, "global", used_level, context, started)
 
 
 def offline_global_search(spark: SparkSession, reports: DataFrame, question: str, level: int,
                           batch_tokens: int, reduce_tokens: int, seed: int, max_points: int) -> SearchResult:
-    started = time.perf_counter()
-    level_reports = load_level_reports(spark, reports, level)
-    batches = pack_by_tokens(level_reports, batch_tokens, seed)
-    points = run_map(spark, batches, lambda batch: lexical_map(question, batch))
-    fallback = not points
-    if fallback and _terms(question):
-        points = run_map(spark, batches, rating_map)
-    chosen = select_points(points, reduce_tokens)
-    answer = extractive_reduce(question, chosen, max_points, fallback)
-    context = pd.DataFrame([{"community": r["community"], "title": r["title"], "level": r["level"],
-                             "tokens": count_tokens(r["text"])} for r in level_reports])
-    scores = pd.DataFrame([{"description": p.description, "score": p.score, "report_ids": p.report_ids} for p in points])
-    return SearchResult(answer=answer, method="global", level=level_reports[0]["level"] if level_reports else level,
-                        context=context, points=scores, context_units=len(level_reports),
-                        context_tokens=int(context["tokens"].sum()) if len(context) else 0,
-                        latency_s=time.perf_counter() - started)
+    """One question, offline (no LLM), with the map-reduce settings given explicitly."""
+    cfg = Config(query=QueryConfig(level=level, batch_tokens=batch_tokens, reduce_tokens=reduce_tokens, seed=seed,
+                                   max_answer_points=max_points))
+    return global_search(spark, reports, [question], cfg)[0]

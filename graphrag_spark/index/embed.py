@@ -1,0 +1,77 @@
+"""Stage 7, embeddings: text units and entity descriptions as vectors in Delta, for basic (SS) and local search.
+
+Computed in executors (``mapInPandas``). The offline MiniLM loads its weights once per Python
+worker; the ``openai`` provider calls the embeddings endpoint through the project client in
+batches of ``embeddings.batch_size``, each task throttled to its share of the job's budget,
+and at most ``llm.items_per_commit`` rows per task, so a retried task repeats few calls. An item
+whose call finally failed is written with a null vector and counted; more failures than
+``llm.max_failed_share`` fail the stage after the tables are written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.config import Config
+from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
+from graphrag_spark.errors import StageFailed
+
+
+def embedding_model_name(cfg: Config) -> str:
+    return OfflineMiniLM.model_name if cfg.embeddings.provider == "offline" else cfg.llm.embedding.model
+
+
+def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
+    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors."""
+    provider, batch_size = cfg.embeddings.provider, cfg.embeddings.batch_size
+    llm_embedding, model_name = cfg.llm.embedding, embedding_model_name(cfg)
+    share = 1.0 / partitions
+
+    def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        embedder = OpenAIEmbedder(llm_embedding, batch_size, share) if provider == "openai" else OfflineMiniLM()
+        for part in parts:
+            texts = part["text"].fillna("").tolist()
+            if isinstance(embedder, OpenAIEmbedder):
+                vectors, _ = embedder.embed_batches(texts)  # a failed batch gives None rows
+            else:
+                vectors = [row for start in range(0, len(texts), batch_size)
+                           for row in embedder.embed(texts[start : start + batch_size])]
+            yield pd.DataFrame({"id": part["id"].to_numpy(dtype=object),
+                                "vector": [None if v is None else v.tolist() for v in vectors],
+                                "model_name": model_name}, dtype=object)
+
+    return frame.repartition(partitions).mapInPandas(run, T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS])
+
+
+def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
+    return max(1, min(rows, max(spark.sparkContext.defaultParallelism, math.ceil(rows / rows_per_task))))
+
+
+def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config) -> dict[str, int]:
+    """Write ``text_unit_embeddings`` and ``entity_embeddings``; returns counts for the run summary."""
+    # An entity is matched on "TITLE: description" (concat_ws skips a missing description).
+    entity_text = F.concat_ws(": ", "title", F.when(F.col("description") != "", F.col("description")))
+    inputs = {
+        T.TEXT_UNIT_EMBEDDINGS: store.read(T.TEXT_UNITS).select("id", "text"),
+        T.ENTITY_EMBEDDINGS: store.read(T.ENTITIES).select("id", entity_text.alias("text")),
+    }
+    counts: dict[str, int] = {}
+    failures = []
+    for name, frame in inputs.items():
+        rows = frame.count()
+        store.write(embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), name)
+        failed = store.read(name).where(F.col("vector").isNull()).count()
+        counts[f"{name} rows"] = rows
+        counts[f"{name} failed"] = failed
+        if rows and failed / rows > cfg.llm.max_failed_share:
+            failures.append(f"{failed} of {rows} rows of {name}")
+    if failures:
+        raise StageFailed(f"Embeddings failed for {' and '.join(failures)} (more than llm.max_failed_share = "
+                          f"{cfg.llm.max_failed_share}); rows with a null vector in those tables are the failed items.")
+    return counts

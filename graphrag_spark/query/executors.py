@@ -1,0 +1,58 @@
+"""Query work as Spark jobs: a list of payloads in, one result per payload out, computed in executors.
+
+Every query-time LLM call (map, reduce, answers) runs in an executor: one row per call, at most
+``defaultParallelism`` partitions, each partition's calls sent concurrently by the project
+client with its share of the request/token budget. Results come back in payload order; a call
+that finally fails comes back as a ``CallResult`` with ``error`` set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Callable, Iterator
+
+import pandas as pd
+from pyspark.sql import SparkSession
+
+from graphrag_spark.config import LlmModelConfig
+from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch
+
+
+def partitions_for(spark: SparkSession, payloads: int) -> int:
+    return max(1, min(payloads, spark.sparkContext.defaultParallelism))
+
+
+def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[list[str]], list[str]]) -> list[str]:
+    """``fn`` maps a partition's payloads to as many result strings; runs as one Spark job."""
+    if not payloads:
+        return []
+    frame = spark.createDataFrame(pd.DataFrame({"position": range(len(payloads)), "payload": payloads}))
+
+    def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for part in parts:
+            yield pd.DataFrame({"position": part["position"], "result": fn(part["payload"].tolist())})
+
+    rows = frame.repartition(partitions_for(spark, len(payloads))).mapInPandas(run, "position long, result string").collect()
+    return [row.result for row in sorted(rows, key=lambda row: row.position)]
+
+
+def chat_calls(prompts: list[str], cfg: LlmModelConfig, share: float, *, stage: str, max_tokens: int,
+               json_mode: bool = False, prompt_version: str = "") -> list[str]:
+    """In an executor: one chat call per prompt (a single user message), concurrently; encoded results."""
+    requests = [ChatRequest(messages=[{"role": "user", "content": prompt}], stage=stage, max_tokens=max_tokens,
+                            json_mode=json_mode, prompt_version=prompt_version) for prompt in prompts]
+    return [json.dumps(dataclasses.asdict(result)) for result in run_batch(requests, cfg, share)]
+
+
+def decode_call(encoded: str) -> CallResult:
+    return CallResult(**json.loads(encoded))
+
+
+def chat_in_executors(spark: SparkSession, prompts: list[str], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
+                      json_mode: bool = False, prompt_version: str = "") -> list[CallResult]:
+    """Prompts rendered on the driver, called in executors."""
+    share = 1.0 / partitions_for(spark, len(prompts))
+    encoded = run_in_executors(spark, prompts, lambda batch: chat_calls(
+        batch, cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode, prompt_version=prompt_version))
+    return [decode_call(text) for text in encoded]

@@ -1,0 +1,29 @@
+"""Stored embeddings as an in-memory exact index, and questions matched against it (SS and local search)."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from graphrag_spark.embeddings import Embedder
+from graphrag_spark.errors import UserError
+from graphrag_spark.query.vectors import VectorIndex
+
+
+def load_vector_index(embeddings: DataFrame, model_name: str, table: str) -> VectorIndex:
+    """The table's vectors (failed rows, with a null vector, left out); they must come from the question's model."""
+    frame = embeddings.where(F.col("vector").isNotNull()).select("id", "vector", "model_name").toPandas()
+    models = set(frame["model_name"])
+    if models - {model_name}:
+        raise UserError(f"The vectors in '{table}' were made by {sorted(models)}, but questions would be embedded by "
+                        f"'{model_name}'; set embeddings.provider (and llm.embedding.model) to match the index, "
+                        f"or rebuild the index.")
+    return VectorIndex.from_pandas(frame)
+
+
+def nearest(index: VectorIndex, embedder: Embedder, questions: list[str], k: int) -> list[list[tuple[str, float]]]:
+    """Per question, the ``k`` most similar ids with their cosine similarity, best first."""
+    if not len(index) or not questions:
+        return [[] for _ in questions]
+    ids, scores = index.search(embedder.embed(questions), k)
+    return [[(str(i), float(s)) for i, s in zip(row_ids, row_scores)] for row_ids, row_scores in zip(ids, scores)]
