@@ -148,3 +148,26 @@ def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, llm_
     failed = T.TableStore(spark, cfg.storage).read(T.LLM_RESULTS).collect()
     assert failed and all(r.error and r.stage == "extract" and r.item_id and r.attempts >= 2 for r in failed)
     assert SECRET not in " ".join(r.error for r in failed)
+
+
+def test_higher_levels_substitute_finished_sub_reports_when_the_context_overflows(spark, llm_config, server):
+    from graphrag_spark.index import reports
+
+    cfg = llm_config(server, "communities.max_cluster_size=4", "reports.max_input_tokens=1000",
+                     "extraction.summarize_descriptions=false")
+    summary = run_index(spark, cfg)
+    substituted = summary.counts["contexts with substituted sub-reports"]
+    assert sum(substituted.values()) > 0, substituted
+    level = min(lv for lv, n in substituted.items() if n)
+    store = T.TableStore(spark, cfg.storage)
+    communities, finished = store.read(T.COMMUNITIES), store.read(T.COMMUNITY_REPORTS)
+    contexts = reports.community_contexts(
+        communities.where(F.col("level") == level), store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
+        finished.where(F.col("level") == level + 1), store.read(T.CLAIMS), communities.where(F.col("level") == level + 1))
+    built = [r for r in reports.report_contexts(contexts, cfg.reports.max_input_tokens).collect() if r.substituted]
+    assert built
+    finer = {r.community: r.full_content for r in finished.where(F.col("level") == level + 1).collect()}
+    for row in built:
+        assert "-----Reports-----" in row.context
+        for child in row.substituted:
+            assert finer[child].replace('"', '""') in row.context, "the finer level's finished report is in the context"

@@ -456,6 +456,7 @@ class _State:
             self.request_hashes: Counter = Counter()
             self.served_hashes: Counter = Counter()
             self.window: deque[tuple[float, int]] = deque()
+            self.served_times: list[float] = []
 
     def draw(self, *parts: object) -> float:
         digest = hashlib.sha256("\x1f".join(map(str, (self.knobs.seed, *parts))).encode()).hexdigest()
@@ -500,6 +501,7 @@ class _State:
             self.counters["completion_tokens"] += completion_tokens
             self.by_kind[kind] += 1
             self.served_hashes[request_hash] += 1
+            self.served_times.append(time.monotonic())
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -514,6 +516,8 @@ class _State:
                 "completion_tokens": c["completion_tokens"],
                 "request_hashes": dict(self.request_hashes),
                 "served_hashes": dict(self.served_hashes),
+                # Sustained rate: served calls per minute between the first and the last answer.
+                "served_span_s": (self.served_times[-1] - self.served_times[0]) if len(self.served_times) > 1 else 0.0,
             }
 
 
