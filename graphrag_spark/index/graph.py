@@ -7,80 +7,149 @@
   sum of extracted strengths). Edges whose endpoint is not a node are dropped and counted.
 - Degree and combined degree are computed with DataFrame aggregations over the edge list
   (the same definition as GraphFrames' ``degrees``; its JVM package is not used).
+- Everything runs in Spark SQL except name keys of non-ASCII names (Python
+  ``normalize_name``); ids are ``content_id`` computed with ``sha2``; no step moves all rows
+  into one task.
 Descriptions are the distinct instance descriptions, most frequent first; the LLM method
 later replaces multi-description ones with one LLM summary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import reduce
+
 import pandas as pd
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from graphrag_spark.config import GraphConfig
 from graphrag_spark.ids import content_id, normalize_name
 
 _MAX_DESCRIPTIONS = 5
+_ID_LENGTH = len(content_id())
+# The ASCII characters Python's ``str.isspace`` (and so ``re``'s ``\s``) accepts; Java's ``\s`` lacks \x1C-\x1F.
+_ASCII_SPACE = "\\t\\n\\x0B\\f\\r\\x1C-\\x1F "
+_NON_ASCII = "[^\\x00-\\x7F]"
 
 
-def _name_key(mode: str):
-    @F.pandas_udf(StringType())
-    def key(names: pd.Series) -> pd.Series:
-        return names.map(lambda n: normalize_name(n, mode) if n is not None else None)
+def _ascii_name_key(name: Column, mode: str) -> Column:
+    """``normalize_name`` as Spark SQL, equal to it on ASCII names (there NFC/NFKD and accent
+    folding change nothing and upper-casing is a-z to A-Z). One regex per name: regexes
+    dominate the cost of the key."""
+    key = F.upper(F.trim(F.trim(F.regexp_replace(name, f"[{_ASCII_SPACE}]+", " ")), F.lit("\"'")))
+    if mode == "folded":  # punctuation to spaces, then runs of spaces to one: one step
+        key = F.trim(F.regexp_replace(key, "[^A-Za-z0-9_]+", " "))
     return key
 
 
-@F.pandas_udf(StringType())
-def _pair_id(sources: pd.Series, targets: pd.Series) -> pd.Series:
-    return pd.Series([content_id(s, t) for s, t in zip(sources, targets)])
+def _with_name_keys(df: DataFrame, keys: dict[str, str], mode: str) -> DataFrame:
+    """Adds a name key column per ``{key: name column}``.
+
+    Rows whose names are all ASCII get their keys in Spark SQL; only the others cross into
+    Python for ``normalize_name`` (Unicode normalization and case mapping have no exact SQL
+    equivalent). A Python worker round trip costs microseconds per row, more than the rest
+    of the aggregation, and most names are ASCII.
+    """
+    ascii_only = reduce(lambda a, b: a & b, [~F.coalesce(F.col(name).rlike(_NON_ASCII), F.lit(False))
+                                             for name in keys.values()])
+    in_sql = df.where(ascii_only).select("*", *[_ascii_name_key(F.col(n), mode).alias(k) for k, n in keys.items()])
+
+    def add_keys(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            for key, name in keys.items():
+                batch[key] = pd.Series([None if n is None else normalize_name(n, mode) for n in batch[name]],
+                                       index=batch.index, dtype=object)
+            yield batch
+
+    # mapInPandas, not a pandas UDF: the optimizer would copy the UDF into every filter pushed
+    # below it (evaluating it twice); mapInPandas is opaque to it.
+    schema = StructType(df.schema.fields + [StructField(k, StringType()) for k in keys])
+    in_python = df.where(~ascii_only).mapInPandas(add_keys, schema)
+    return in_sql.unionByName(in_python)
 
 
-@F.pandas_udf(StringType())
-def _entity_id(titles: pd.Series) -> pd.Series:
-    return titles.map(content_id)
+def _content_id(*parts: str) -> Column:
+    """``graphrag_spark.ids.content_id`` of non-null string columns, as Spark SQL."""
+    return F.substring(F.sha2(F.concat_ws("\x1f", *parts), 256), 1, _ID_LENGTH)
 
 
-def _joined_descriptions(df: DataFrame, keys: list[str]) -> DataFrame:
-    """Distinct descriptions per key, most frequent first (ties by text), at most 5, newline-joined."""
-    counted = df.where(F.col("description").isNotNull() & (F.length("description") > 0)).groupBy(*keys, "description").count()
-    ranked = counted.withColumn("rank", F.row_number().over(
-        Window.partitionBy(*keys).orderBy(F.desc("count"), F.asc("description"))))
-    return (ranked.where(F.col("rank") <= _MAX_DESCRIPTIONS)
-            .groupBy(*keys).agg(F.sort_array(F.collect_list(F.struct("rank", "description"))).alias("d"))
-            .select(*keys, F.array_join(F.col("d.description"), "\n").alias("description")))
+def _ranks(df: DataFrame, group: str, within: list[Column]) -> DataFrame:
+    """``df`` with ``human_readable_id = row_number() over (order by group desc, *within) - 1``,
+    without a global window.
+
+    A window without partitioning moves every row into one task. Here rows are numbered
+    inside their ``group`` value (a partitioned window) and shifted by the number of rows
+    in the groups before theirs, which a global window computes over the per-group counts
+    only (one row per distinct value: few). Callers pass only the columns the order needs,
+    and join the ranks back.
+    """
+    earlier = Window.orderBy(F.desc(group)).rowsBetween(Window.unboundedPreceding, -1)
+    offsets = df.groupBy(group).count().select(group, F.coalesce(F.sum("count").over(earlier), F.lit(0)).alias("_offset"))
+    return (df.join(F.broadcast(offsets), group)
+            .withColumn("human_readable_id",
+                        F.col("_offset") + F.row_number().over(Window.partitionBy(group).orderBy(*within)) - 1)
+            .drop("_offset"))
+
+
+def _top_descriptions(count: Column) -> Column:
+    """Aggregate over rows of distinct descriptions with their ``count``: the non-empty ones,
+    most frequent first (ties by text), at most 5, newline-joined; null if there are none."""
+    described = F.col("description").isNotNull() & (F.length("description") > 0)
+    ranked = F.sort_array(F.collect_set(F.when(described, F.struct((-count).alias("rank"), F.col("description")))))
+    top = F.slice(ranked, 1, _MAX_DESCRIPTIONS)
+    return F.when(F.size(top) > 0, F.array_join(top.getField("description"), "\n"))
 
 
 def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1) -> DataFrame:
-    """Entity nodes without degree columns (added by ``add_degrees``)."""
-    keyed = instances.withColumn("title", _name_key(cfg.name_matching)("name")).where(F.length("title") > 0)
-    type_counts = keyed.groupBy("title", "type").count()
-    best_type = (type_counts.withColumn("r", F.row_number().over(
-        Window.partitionBy("title").orderBy(F.desc("count"), F.asc("type")))).where("r = 1").select("title", "type"))
-    stats = keyed.groupBy("title").agg(
+    """Entity nodes without degree columns (added by ``add_degrees``).
+
+    One pass over the instances: counted per (title, type, description), then moved once to
+    their title's partition, where type and description totals are windows and the node is one
+    aggregation (no further shuffle, no joins).
+    """
+    keyed = (_with_name_keys(instances.select("name", "type", "text_unit_id", "description"), {"title": "name"},
+                             cfg.name_matching).where(F.length("title") > 0))
+    counted = (keyed.groupBy("title", "type", "description")
+               .agg(F.count(F.lit(1)).alias("n"), F.collect_set("text_unit_id").alias("text_unit_ids"))
+               .repartition("title")
+               .withColumn("type_count", F.sum("n").over(Window.partitionBy("title", "type")))
+               .withColumn("description_count", F.sum("n").over(Window.partitionBy("title", "description"))))
+    nodes = counted.groupBy("title").agg(
+        # The most frequent type, ties to the first by name (a null type sorts first, as it did).
+        F.sort_array(F.collect_set(F.struct((-F.col("type_count")).alias("rank"), F.col("type"))))[0]["type"].alias("type"),
         F.sort_array(F.collect_set("type")).alias("type_variants"),
-        F.sort_array(F.collect_set("text_unit_id")).alias("text_unit_ids"),
-        F.countDistinct("text_unit_id").alias("frequency"))
-    return (stats.where(F.col("frequency") >= min_mentions)
-            .join(best_type, "title").join(_joined_descriptions(keyed, ["title"]), "title", "left")
-            .withColumn("id", _entity_id("title")))
+        F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
+        _top_descriptions(F.col("description_count")).alias("description"))
+    return (nodes.withColumn("frequency", F.size("text_unit_ids").cast("long"))
+            .where(F.col("frequency") >= min_mentions)
+            .withColumn("id", _content_id("title")))
 
 
 def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphConfig) -> DataFrame:
-    """Undirected weighted edges between existing entity titles (without degree columns)."""
-    key = _name_key(cfg.name_matching)
-    keyed = (instances.withColumn("a", key("source")).withColumn("b", key("target"))
+    """Undirected weighted edges between existing entity titles (without degree columns).
+
+    One pass over the instances: aggregated per (edge, description), then per edge.
+    """
+    keyed = (_with_name_keys(instances.select("source", "target", "text_unit_id", "description", "strength"),
+                             {"a": "source", "b": "target"}, cfg.name_matching)
              .where(F.col("a") != F.col("b"))
-             .withColumn("source", F.least("a", "b")).withColumn("target", F.greatest("a", "b")))
-    titles = entities.select("title")
-    keyed = (keyed.join(titles.withColumnRenamed("title", "source"), "source", "left_semi")
-             .join(titles.withColumnRenamed("title", "target"), "target", "left_semi"))
+             .select(F.least("a", "b").alias("source"), F.greatest("a", "b").alias("target"),
+                     "text_unit_id", "description", "strength"))
     weight = F.count(F.lit(1)) if cfg.edge_weight == "count" else F.sum(F.coalesce("strength", F.lit(1.0)))
-    edges = keyed.groupBy("source", "target").agg(
-        weight.cast("double").alias("weight"),
-        F.sort_array(F.collect_set("text_unit_id")).alias("text_unit_ids"))
-    return (edges.join(_joined_descriptions(keyed, ["source", "target"]), ["source", "target"], "left")
-            .withColumn("id", _pair_id("source", "target")))
+    counted = keyed.groupBy("source", "target", "description").agg(
+        F.count(F.lit(1)).alias("n"), weight.alias("weight"), F.collect_set("text_unit_id").alias("text_unit_ids"))
+    edges = counted.groupBy("source", "target").agg(
+        F.sum("weight").cast("double").alias("weight"),
+        F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
+        _top_descriptions(F.col("n")).alias("description"))
+    # Unknown endpoints are dropped after the aggregation (the same edges, fewer rows to shuffle);
+    # target first, so the edges leave partitioned by source, as ``add_degrees`` joins them.
+    titles = entities.select("title")
+    return (edges.join(titles.withColumnRenamed("title", "target"), "target", "left_semi")
+            .join(titles.withColumnRenamed("title", "source"), "source", "left_semi")
+            .withColumn("id", _content_id("source", "target")))
 
 
 def add_degrees(entities: DataFrame, relationships: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -91,13 +160,13 @@ def add_degrees(entities: DataFrame, relationships: DataFrame) -> tuple[DataFram
     """
     endpoints = relationships.select(F.col("source").alias("title")).unionAll(relationships.select(F.col("target").alias("title")))
     degrees = endpoints.groupBy("title").agg(F.count(F.lit(1)).alias("degree"))
-    entities = (entities.join(degrees, "title", "left").fillna({"degree": 0})
-                .withColumn("human_readable_id", F.row_number().over(
-                    Window.orderBy(F.desc("degree"), F.asc("title"))) - 1))
+    entities = entities.join(degrees, "title", "left").fillna({"degree": 0})
+    entities = entities.join(_ranks(entities.select("title", "degree"), "degree", [F.asc("title")]).drop("degree"), "title")
     src = degrees.select(F.col("title").alias("source"), F.col("degree").alias("source_degree"))
     tgt = degrees.select(F.col("title").alias("target"), F.col("degree").alias("target_degree"))
-    relationships = (relationships.join(src, "source").join(tgt, "target")
-                     .withColumn("combined_degree", F.col("source_degree") + F.col("target_degree"))
-                     .withColumn("human_readable_id", F.row_number().over(
-                         Window.orderBy(F.desc("combined_degree"), F.desc("weight"), F.asc("id"))) - 1))
+    # Degrees and ranks on the narrow edge list; the wide rows (descriptions, text units) move once, to take them.
+    ranked = _ranks(relationships.select("source", "target", "weight", "id").join(src, "source").join(tgt, "target")
+                    .withColumn("combined_degree", F.col("source_degree") + F.col("target_degree")),
+                    "combined_degree", [F.desc("weight"), F.asc("id")])
+    relationships = relationships.join(ranked.drop("weight", "id"), ["source", "target"])
     return entities, relationships
