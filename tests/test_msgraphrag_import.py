@@ -27,6 +27,9 @@ from graphrag_spark.tokens import count_tokens
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "graphrag-operation-dulce"
 # Their relationships name two endpoints that have no entity row; the import adds them as stubs.
 DANGLING_ENDPOINTS = ["CONCRETE HALLWAY", "ELEVATOR"]
+# Their hierarchy: 7 roots at level 0, one of them split into 3 at level 1; the 6 unsplit roots
+# are projected down to level 1.
+PROJECTED = 6
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,8 @@ def test_counts(tables):
         ENTITIES: 39 + len(DANGLING_ENDPOINTS),
         RELATIONSHIPS: 107,
         CLAIMS: 41,
-        COMMUNITIES: 10,
-        COMMUNITY_REPORTS: 10,
+        COMMUNITIES: 10 + PROJECTED,
+        COMMUNITY_REPORTS: 10 + PROJECTED,
     }
 
 
@@ -81,6 +84,23 @@ def test_community_hierarchy_keeps_their_levels_with_c0_as_root(tables):
             assert communities.loc[child, "parent"] == community
             assert communities.loc[child, "level"] == row["level"] + 1
     assert communities.loc[0, "children"] == [7, 8, 9]
+
+
+def test_unsplit_communities_are_projected_down_so_every_level_covers_every_entity(tables):
+    communities = tables[COMMUNITIES].set_index("community")
+    clustered = sorted(tables[ENTITIES]["id"][:39])
+    for level in (0, 1):
+        members = [e for ids in communities[communities["level"] == level]["entity_ids"] for e in ids]
+        assert sorted(members) == clustered, level
+    for root in range(1, 7):
+        (child,) = communities.loc[root, "children"]
+        copy = communities.loc[child]
+        assert copy["level"] == 1 and copy["parent"] == root and copy["children"] == []
+        assert copy["entity_ids"] == communities.loc[root, "entity_ids"]
+        assert copy["id"] != communities.loc[root, "id"]
+    reports = tables[COMMUNITY_REPORTS].set_index("community")
+    assert reports["id"].is_unique and tables[COMMUNITIES]["id"].is_unique
+    assert reports.loc[communities.loc[1, "children"][0], "full_content"] == reports.loc[1, "full_content"]
 
 
 def test_community_members_resolve(tables):
@@ -167,3 +187,28 @@ def test_other_layout_names_the_missing_column(tables, tmp_path):
     pd.read_parquet(tmp_path / "entities.parquet").drop(columns=["degree"]).to_parquet(tmp_path / "entities.parquet")
     with pytest.raises(UserError, match="lacks column"):
         load_msgraphrag(tmp_path)
+
+
+@pytest.mark.spark
+def test_import_job_writes_delta_tables_that_every_query_method_can_use(spark, make_config):
+    """jobs/import_msgraphrag.py's core: their index into our Delta tables, embedded, then asked."""
+    if not FIXTURE.is_dir():
+        pytest.skip(f"fixture index not found at {FIXTURE}")
+    from graphrag_spark.interop.msgraphrag import import_msgraphrag
+    from graphrag_spark.query.api import GraphRagIndex
+    from graphrag_spark.tables import ENTITY_EMBEDDINGS, TEXT_UNIT_EMBEDDINGS, TableStore
+
+    cfg = make_config()
+    store = TableStore(spark, cfg.storage)
+    counts = import_msgraphrag(spark, store, FIXTURE, cfg)
+    assert counts[COMMUNITIES] == 16 and counts[COMMUNITY_REPORTS] == 16 and counts[ENTITIES] == 41
+    assert counts[f"{ENTITY_EMBEDDINGS} rows"] == 41 and counts[f"{TEXT_UNIT_EMBEDDINGS} failed"] == 0
+    for name in (DOCUMENTS, TEXT_UNITS, ENTITIES, RELATIONSHIPS, CLAIMS, COMMUNITIES, COMMUNITY_REPORTS):
+        assert store.read(name).schema == SCHEMAS[name], name
+
+    index = GraphRagIndex.load(spark, cfg)
+    answer = index.global_search("What is Operation Dulce about?", level=1)
+    assert answer.level == 1 and answer.context_units == 3 + PROJECTED
+    assert "[Data: Reports (" in answer.answer
+    local = index.local_search("Who is Alex Mercer?")
+    assert "ALEX MERCER" in local.context_text and local.context_units > 0

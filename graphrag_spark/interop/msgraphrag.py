@@ -5,10 +5,12 @@ extraction and reports.
 Ids are kept verbatim (theirs: random UUIDs for entities, relationships, communities and
 claims; content hashes for documents, text units and reports), and so are the
 human_readable_ids their reports cite. Their community levels already match ours (level 0 =
-C0, the root; parent -1 becomes null); their hierarchy is not projected down, so a level
-below 0 lists only the communities that were split. Their report ``rank`` is our ``rating``.
-Relationship endpoints without an entity row become stub entities (see
-``_with_endpoint_stubs``).
+C0, the root; parent -1 becomes null). Their hierarchy lists a community only at the levels
+where it exists, so the import projects every unsplit community down to the deepest level,
+as our own index does (see ``_project_down``): each level is then a partition of the
+clustered entities and global search at any level sees the whole graph. Their report
+``rank`` is our ``rating``. Relationship endpoints without an entity row become stub
+entities (see ``_with_endpoint_stubs``).
 """
 
 from __future__ import annotations
@@ -59,16 +61,58 @@ _UNKNOWN = "NONE"  # what their claim prompt writes for an unknown object or dat
 def load_msgraphrag(folder: str | Path) -> dict[str, pd.DataFrame]:
     """Our tables (name -> DataFrame with exactly the SCHEMAS columns) from their output folder."""
     raw = _read_folder(Path(folder))
+    communities, reports = _project_down(
+        raw["communities"].assign(parent=raw["communities"]["parent"].where(lambda p: p >= 0)),
+        raw["community_reports"].rename(columns={"rank": "rating"}).assign(method=IMPORTED_METHOD))
     tables = {
         DOCUMENTS: _documents(raw["documents"]),
         TEXT_UNITS: _text_units(raw["text_units"]),
         ENTITIES: _with_endpoint_stubs(raw["entities"], raw["relationships"]),
         RELATIONSHIPS: raw["relationships"],
-        COMMUNITIES: raw["communities"].assign(parent=raw["communities"]["parent"].where(lambda p: p >= 0)),
-        COMMUNITY_REPORTS: raw["community_reports"].rename(columns={"rank": "rating"}).assign(method=IMPORTED_METHOD),
+        COMMUNITIES: communities,
+        COMMUNITY_REPORTS: reports,
         CLAIMS: _claims(raw.get("covariates")),
     }
     return {name: _conform(df, SCHEMAS[name]) for name, df in tables.items()}
+
+
+def _project_down(communities: pd.DataFrame, reports: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each community without sub-communities above the deepest level gets a copy at every finer
+    level (same members, a new community number and a content-hash id, the coarser copy as its
+    parent) and so does its report, as our hierarchy projects unsplit clusters down."""
+    if communities.empty:
+        return communities, reports
+    deepest = int(communities["level"].max())
+    children = {int(c): [int(x) for x in _as_list(kids)] for c, kids in zip(communities["community"], communities["children"])}
+    report_of = {int(r["community"]): r for r in reports.to_dict("records")}
+    next_number = int(communities["community"].max()) + 1
+    new_communities, new_reports = [], []
+    for row in communities.sort_values(["level", "community"]).to_dict("records"):
+        if children[int(row["community"])] or row["level"] >= deepest:
+            continue
+        parent = row
+        for level in range(int(row["level"]) + 1, deepest + 1):
+            copy = {**row, "id": content_id("msgraphrag-projected", row["id"], level), "community": next_number,
+                    "level": level, "parent": int(parent["community"])}
+            children[int(parent["community"])] = [next_number]
+            children[next_number] = []
+            new_communities.append(copy)
+            report = report_of.get(int(row["community"]))
+            if report is not None:
+                new_reports.append({**report, "id": content_id("msgraphrag-projected", report["id"], level),
+                                    "community": next_number, "level": level})
+            parent = copy
+            next_number += 1
+    if not new_communities:
+        return communities, reports
+    log.info("Projected %d unsplit communities of the imported index down to level %d.", len(new_communities), deepest)
+    merged = pd.concat([communities, pd.DataFrame(new_communities)], ignore_index=True)
+    merged["children"] = [children[int(c)] for c in merged["community"]]
+    return merged, pd.concat([reports, pd.DataFrame(new_reports)], ignore_index=True)
+
+
+def _as_list(values: object) -> list:
+    return [] if _missing(values) else list(values)
 
 
 def _read_folder(root: Path) -> dict[str, pd.DataFrame]:
@@ -226,3 +270,16 @@ def _known(values: Iterable[object]) -> list[object]:
 
 def _missing(value: object) -> bool:
     return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def import_msgraphrag(spark, store, folder: str | Path, cfg) -> dict[str, int]:
+    """Write their index into our Delta tables under ``store`` (overwriting them), then embed
+    its text units and entities with our configured embedder; row counts per table."""
+    from graphrag_spark.index.embed import build_embeddings
+
+    counts = {}
+    for name, frame in load_msgraphrag(folder).items():
+        store.write(spark.createDataFrame(frame, SCHEMAS[name]), name)
+        counts[name] = store.read(name).count()
+    counts.update(build_embeddings(spark, store, cfg))
+    return counts
