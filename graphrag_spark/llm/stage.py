@@ -139,8 +139,10 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         results = wave.repartition(n_tasks).mapInPandas(call_partition, T.SCHEMAS[T.LLM_RESULTS])
         store.write(results, T.LLM_RESULTS, mode="append")
 
-    usage = _usage(store, stage, run_id, unique_items.select("item_key"), n_items, n_items - n_pending, model,
-                   time.perf_counter() - started)
+    # Only this call's pending keys: a stage that runs more than once in a run (reports, per level)
+    # must not count again the calls an earlier pass made for items that are cache hits now.
+    called = spark.createDataFrame([(k,) for k in pending_keys], "item_key string")
+    usage = _usage(store, stage, run_id, called, n_items, n_items - n_pending, model, time.perf_counter() - started)
     all_results = store.read(T.LLM_RESULTS).where(F.col("stage") == stage)
     succeeded = (all_results.where(F.col("error").isNull()).groupBy("item_key")
                  .agg(F.first("result").alias("result")).withColumn("error", F.lit(None).cast("string")))
