@@ -51,7 +51,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         n_chunks = units.count()
         server.reset()
         started = time.perf_counter()
-        _, _, _, usage = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        _, _, _, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
         wall = time.perf_counter() - started
         stats = server.stats()
     calls = stats["served"]["chat"]
@@ -61,7 +61,8 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             "theoretical_min_s": round(minimum_s, 1), "achieved_rpm": round(calls / wall * 60, 1), "limit_rpm": rpm,
             "share_of_limit": round(calls / wall * 60 / rpm, 3),
             "sustained_rpm_during_calls": round(sustained_rpm, 1), "sustained_share": round(sustained_rpm / rpm, 3), "server_429s": stats["rate_limited"],
-            "client_429s_seen": usage.n_429, "failures": usage.failures, "p50_latency_s": usage.latency_p50_s}
+            "client_429s_seen": sum(u.n_429 for u in usages), "failures": sum(u.failures for u in usages),
+            "p50_latency_s": usages[0].latency_p50_s}
 
 
 def main() -> None:

@@ -66,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with start_server(latency_s=args.latency) as server:
-        overrides = [f"storage.root={args.root}/index", f"input.path={args.corpus}", f"extraction.method={args.extraction}",
+        overrides = [f"storage.root={args.root}/index", f"input.path={args.corpus}", f"extraction.method={args.extraction}", "extraction.claims=true",
                      f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "spark.shuffle_partitions=2",
                      f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"]
         overrides += [f"llm.chat.requests_per_minute={args.rpm}"] if args.rpm else []
@@ -108,7 +108,9 @@ def main() -> None:
                             mode="overwrite")
         print(f"Batch mode: {done.questions} questions ({args.batch_method}, level {args.batch_level}) in "
               f"{done.seconds:.1f}s = {done.questions / done.seconds:.2f} questions/s, {done.llm_calls} LLM calls "
-              f"({done.llm_calls / done.seconds:.0f} calls/s)")
+              f"({done.llm_calls / done.seconds:.1f} calls/s), {done.llm_tokens:,} tokens = "
+              f"{done.llm_tokens / done.seconds * 60:,.0f} tokens/min (budget llm.chat.tokens_per_minute = "
+              f"{index.cfg.llm.chat.tokens_per_minute:,}, requests_per_minute = {index.cfg.llm.chat.requests_per_minute:,})")
         print(f"server: {server.stats()['by_kind']}")
 
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         done = answer_batch(index, args.questions, args.output, args.method, args.level, args.mode)
         print(f"{done.questions} answers ({args.method}) written to {args.output} in {done.seconds:.1f}s "
-              f"({done.questions / done.seconds:.2f} questions/s, {done.llm_calls} LLM calls)")
+              f"({done.questions / done.seconds:.2f} questions/s, {done.llm_calls} LLM calls, {done.llm_tokens:,} tokens)")
 
 
 if __name__ == "__main__":

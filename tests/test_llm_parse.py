@@ -8,6 +8,7 @@ from graphrag_spark.config import ExtractionConfig
 from graphrag_spark.index.extract_llm import (
     ExtractionPrompts,
     extract_chunk,
+    extract_claims,
     parse_claims,
     parse_extraction,
     summarize_descriptions,
@@ -249,10 +250,19 @@ def test_a_failed_call_marks_the_chunk_failed(prompts):
 
 def test_claims_prompt_names_the_extracted_entities(prompts):
     claim = '("claim"<|>NEOCHIP<|>NONE<|>IPO<|>TRUE<|>NONE<|>NONE<|>Went public<|>NeoChip went public.)<|COMPLETE|>'
-    client = ScriptedClient({"extract": [FIRST], "claims": [claim]})
-    result = run(client, prompts, max_gleanings=0, claims=True)
+    client = ScriptedClient({"claims": [claim]})
+    cfg = ExtractionConfig(method="llm", claims=True)
+    result = asyncio.run(extract_claims(client, "NeoChip text", ["NEOCHIP", "NEOCHIP"], cfg, prompts, item_id="c1"))
+    assert [stage for stage, _, _ in client.calls] == ["claims"]
     assert "NEOCHIP" in client.calls[-1][1][0]
-    assert result.claims[0]["type"] == "IPO"
+    assert result.claims[0]["type"] == "IPO" and result.error is None
+
+
+def test_a_failed_claims_call_is_an_error_not_an_empty_result(prompts):
+    client = ScriptedClient({"claims": [RuntimeError("Timeout after 7 attempts")]})
+    cfg = ExtractionConfig(method="llm", claims=True)
+    result = asyncio.run(extract_claims(client, "NeoChip text", [], cfg, prompts, item_id="c1"))
+    assert result.error == "claims: Timeout after 7 attempts" and result.claims == []
 
 
 def test_summarize_descriptions_dedupes_and_falls_back_on_failure():

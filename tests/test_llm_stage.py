@@ -34,3 +34,25 @@ def test_a_second_pass_in_the_same_run_counts_only_its_own_calls(spark, make_con
         assert server.stats()["served"]["chat"] == 3
         usage = store.read(T.LLM_USAGE).where(f"run_id = '{run_id}'").orderBy("calls", ascending=False)
         assert [r.calls for r in usage.collect()] == [2, 1]
+
+
+def test_switching_claims_on_later_pays_only_for_the_claims(spark, make_config):
+    from graphrag_spark.index.extraction import extract_llm_instances
+
+    texts = ["Alice Smith founded Acme Corp in Berlin.", "Bob Jones sued Acme Corp in Paris.",
+             "Acme Corp hired Alice Smith and Bob Jones."]
+    with start_server(seed=2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "extraction.method=llm", "extraction.max_gleanings=0")
+        store = T.TableStore(spark, cfg.storage)
+        units = spark.createDataFrame([(f"u{i}", t) for i, t in enumerate(texts)], "id string, text string")
+        _, _, claims, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        assert [u.stage for u in usages] == ["extract"] and usages[0].calls == 3 and claims.count() == 0
+
+        with_claims = cfg.extraction.model_copy(update={"claims": True})
+        entities, _, claims, usages = extract_llm_instances(spark, store, units, with_claims, cfg.llm, new_run_id())
+        extract, claims_usage = usages
+        assert (extract.cache_hits, extract.calls) == (3, 0), "entity extraction is not paid again"
+        assert (claims_usage.stage, claims_usage.items, claims_usage.calls) == ("extract_claims", 3, 1 * 3)
+        assert server.stats()["served"]["chat"] == 6
+        assert entities.count() > 0 and claims.count() > 0

@@ -278,7 +278,7 @@ async def extract_chunk(
     *,
     item_id: str | None = None,
 ) -> ChunkExtraction:
-    """Extract one chunk: first pass, up to ``cfg.max_gleanings`` check-then-glean rounds, then claims if enabled."""
+    """Extract one chunk: first pass, then up to ``cfg.max_gleanings`` check-then-glean rounds."""
     result = ChunkExtraction()
 
     async def ask(messages: list[dict], stage: str, version: str = prompts.version, **params) -> CallResult | None:
@@ -315,20 +315,35 @@ async def extract_chunk(
             return result
         _merge(result, parse_extraction(more.text))
         messages.append({"role": "assistant", "content": more.text})
+    return result
 
-    if cfg.claims:
-        names = sorted({e["name"] for e in result.entities})
-        claims_prompt = prompts.claims.render(
-            claim_description=cfg.claim_description,
-            entity_specs=", ".join(names) if names else ", ".join(cfg.entity_types),
-            input_text=text,
-        )
-        answer = await ask([{"role": "user", "content": claims_prompt}], "claims", version=prompts.claims.version)
-        if answer is None:
-            return result
-        claims = parse_claims(answer.text)
-        result.claims = claims.claims
-        result.rejected += claims.rejected
+
+async def extract_claims(
+    client: LlmClient,
+    text: str,
+    entity_names: list[str],
+    cfg: ExtractionConfig,
+    prompts: ExtractionPrompts,
+    *,
+    item_id: str | None = None,
+) -> ChunkExtraction:
+    """The claims pass of one chunk, about the entities its extraction found (or, if it found
+    none, about the configured entity types). Its own work item, so switching claims on later
+    does not pay for entity extraction again."""
+    result = ChunkExtraction()
+    prompt = prompts.claims.render(
+        claim_description=cfg.claim_description,
+        entity_specs=", ".join(sorted(set(entity_names))) if entity_names else ", ".join(cfg.entity_types),
+        input_text=text,
+    )
+    call = await client.chat([{"role": "user", "content": prompt}], item_id=item_id, stage="claims",
+                             prompt_version=prompts.claims.version)
+    result.calls.append(call)
+    if call.error:
+        result.error = f"claims: {call.error}"
+        return result
+    parsed = parse_claims(call.text)
+    result.claims, result.rejected = parsed.claims, parsed.rejected
     return result
 
 

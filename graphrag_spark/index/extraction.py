@@ -18,7 +18,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import ExtractionConfig, LlmConfig, LlmModelConfig
 from graphrag_spark.ids import content_id
 from graphrag_spark.index import extract_nlp
-from graphrag_spark.index.extract_llm import ExtractionPrompts, extract_chunk
+from graphrag_spark.index.extract_llm import ExtractionPrompts, extract_chunk, extract_claims
 from graphrag_spark.llm.stage import LlmWork, StageUsage, run_llm_stage
 
 _INSTANCE_SCHEMA = ("kind string, id string, text_unit_id string, name string, type string, source string, "
@@ -52,12 +52,18 @@ def _split(instances: DataFrame) -> tuple[DataFrame, DataFrame]:
 
 
 EXTRACTION_STAGE = "extract"
+CLAIMS_STAGE = "extract_claims"
 
 
 def extraction_params(cfg: ExtractionConfig, model: LlmModelConfig) -> dict:
     """Everything besides the chunk and the prompts that changes the extraction answer (part of the cache key)."""
-    return {"entity_types": cfg.entity_types, "max_gleanings": cfg.max_gleanings, "claims": cfg.claims,
-            "claim_description": cfg.claim_description if cfg.claims else None,
+    return {"entity_types": cfg.entity_types, "max_gleanings": cfg.max_gleanings,
+            "temperature": model.temperature, "max_tokens": model.max_tokens}
+
+
+def claims_params(cfg: ExtractionConfig, model: LlmModelConfig) -> dict:
+    """The same for the claims pass (its payload holds the chunk and the entity names it asks about)."""
+    return {"claim_description": cfg.claim_description, "entity_types": cfg.entity_types,
             "temperature": model.temperature, "max_tokens": model.max_tokens}
 
 
@@ -66,10 +72,10 @@ def instances_from_results(results: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for unit_id, payload in zip(results["item_id"], results["result"]):
         result = json.loads(payload)
-        for i, e in enumerate(result["entities"]):
+        for i, e in enumerate(result.get("entities") or []):
             rows.append({"kind": "entity", "id": content_id(unit_id, "entity", i, e["name"]), "text_unit_id": unit_id,
                          "name": e["name"], "type": e["type"], "description": e["description"], "method": "llm"})
-        for i, r in enumerate(result["relationships"]):
+        for i, r in enumerate(result.get("relationships") or []):
             rows.append({"kind": "relationship", "id": content_id(unit_id, "relationship", i, r["source"], r["target"]),
                          "text_unit_id": unit_id, "source": r["source"], "target": r["target"],
                          "description": r["description"], "strength": float(r["strength"]), "method": "llm"})
@@ -81,25 +87,32 @@ def instances_from_results(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: DataFrame, cfg: ExtractionConfig,
-                          llm: LlmConfig, run_id: str) -> tuple[DataFrame, DataFrame, DataFrame, StageUsage]:
-    """The paper's extraction (with gleanings, optional claims) for every text unit not already extracted."""
+                          llm: LlmConfig, run_id: str) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
+    """The paper's extraction (with gleanings) for every text unit not already extracted, then, if
+    enabled, the claims pass as a stage of its own over the extracted chunks: each is cached
+    separately, so switching claims on (or changing the claim description) never pays for
+    entity extraction again."""
     prompts = ExtractionPrompts.load()
-    version = prompts.version + (f"+{prompts.claims.version[:8]}" if cfg.claims else "")
 
-    async def work(client, item: dict) -> LlmWork:
+    async def extract(client, item: dict) -> LlmWork:
         chunk = await extract_chunk(client, item["payload"], cfg, prompts, item_id=item["item_id"])
-        return LlmWork({"entities": chunk.entities, "relationships": chunk.relationships, "claims": chunk.claims,
-                        "rejected": chunk.rejected}, chunk.calls, chunk.error)
+        return LlmWork({"entities": chunk.entities, "relationships": chunk.relationships, "rejected": chunk.rejected},
+                       chunk.calls, chunk.error)
 
     items = text_units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"))
-    outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, work, run_id, version,
-                                   extraction_params(cfg, llm.chat))
+    outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, extract, run_id,
+                                   prompts.version, extraction_params(cfg, llm.chat))
+    results, usages = outcome.where(F.col("result").isNotNull()).select("item_id", "result"), [usage]
+    if cfg.claims:
+        claim_results, claims_usage = _extract_claims(spark, store, text_units, results, cfg, llm, run_id, prompts)
+        results = results.unionByName(claim_results)
+        usages.append(claims_usage)
 
     def explode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
             yield instances_from_results(batch)
 
-    instances = outcome.where(F.col("result").isNotNull()).select("item_id", "result").mapInPandas(explode, _INSTANCE_SCHEMA)
+    instances = results.mapInPandas(explode, _INSTANCE_SCHEMA)
     entities, relationships = _split(instances)
     claims = (instances.where("kind = 'claim'")
               .withColumn("c", F.from_json("description", "map<string,string>"))
@@ -108,4 +121,23 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
                       F.col("c")["type"].alias("type"), F.col("c")["status"].alias("status"),
                       F.col("c")["start_date"].alias("start_date"), F.col("c")["end_date"].alias("end_date"),
                       F.col("c")["description"].alias("description"), F.col("c")["source_text"].alias("source_text")))
-    return entities, relationships, claims, usage
+    return entities, relationships, claims, usages
+
+
+def _extract_claims(spark: SparkSession, store: T.TableStore, text_units: DataFrame, extracted: DataFrame,
+                    cfg: ExtractionConfig, llm: LlmConfig, run_id: str,
+                    prompts: ExtractionPrompts) -> tuple[DataFrame, StageUsage]:
+    """Claims of every successfully extracted chunk; payload = the chunk and its entity names."""
+    names = F.from_json("result", "struct<entities:array<struct<name:string>>>")["entities"]["name"]
+    items = (extracted.select("item_id", F.sort_array(F.array_distinct(F.coalesce(names, F.array()))).alias("names"))
+             .join(text_units.select(F.col("id").alias("item_id"), "text"), "item_id")
+             .select("item_id", F.to_json(F.struct("text", "names")).alias("payload")))
+
+    async def work(client, item: dict) -> LlmWork:
+        payload = json.loads(item["payload"])
+        chunk = await extract_claims(client, payload["text"], payload["names"], cfg, prompts, item_id=item["item_id"])
+        return LlmWork({"claims": chunk.claims, "rejected": chunk.rejected}, chunk.calls, chunk.error)
+
+    outcome, usage = run_llm_stage(spark, store, llm, llm.chat, CLAIMS_STAGE, items, work, run_id,
+                                   prompts.claims.version, claims_params(cfg, llm.chat))
+    return outcome.where(F.col("result").isNotNull()).select("item_id", "result"), usage

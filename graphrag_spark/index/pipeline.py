@@ -71,9 +71,9 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
     with summary.stage("extraction"):
         text_units = store.read(T.TEXT_UNITS)
         if cfg.extraction.method == "llm":
-            entity_instances, relationship_instances, claims, usage = extraction.extract_llm_instances(
+            entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
                 spark, store, text_units, cfg.extraction, cfg.llm, run_id)
-            summary.usage.append(usage)
+            summary.usage += usages
         else:
             entity_instances, relationship_instances = extraction.extract_nlp_instances(text_units, cfg.extraction)
             claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
@@ -149,7 +149,8 @@ def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
     """``--dry-run``: what LLM extraction would spend, without calling anything or writing tables.
 
     Chunks already in the LLM cache cost nothing. Per chunk: one extraction call, up to two calls
-    per gleaning round (check + continuation), one claims call; prompt tokens count the rendered
+    per gleaning round (check + continuation), one claims call (a stage of its own); prompt
+    tokens count the rendered
     template plus the chunk for each call (gleaning calls also resend the conversation, so this
     is a lower bound for them); completion tokens are estimated at half the chunk per call.
     """
@@ -161,20 +162,31 @@ def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
     documents, _, counts = build_documents(spark, cfg.input)
     units = build_text_units(documents, cfg.chunking)
     prompts = ExtractionPrompts.load()
-    version = prompts.version + (f"+{prompts.claims.version[:8]}" if cfg.extraction.claims else "")
     items = with_item_keys(units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"), "n_tokens"),
-                           extraction.EXTRACTION_STAGE, cfg.llm.chat.model, version,
+                           extraction.EXTRACTION_STAGE, cfg.llm.chat.model, prompts.version,
                            extraction.extraction_params(cfg.extraction, cfg.llm.chat))
-    done = store.read_or_empty(T.LLM_RESULTS).where(F.col("error").isNull()).select("item_key")
+    results = store.read_or_empty(T.LLM_RESULTS).where(F.col("error").isNull())
+    done = results.select("item_key")
     pending = items.dropDuplicates(["item_key"]).join(done, "item_key", "left_anti")
     row = pending.agg(F.count("*").alias("n"), F.sum("n_tokens").alias("tokens")).collect()[0]
     n_chunks, chunk_tokens = int(row.n), int(row.tokens or 0)
     template = count_tokens(prompts.extraction.render(entity_types=", ".join(cfg.extraction.entity_types),
                                                       examples=prompts.examples.text, input_text=""))
-    calls_per_chunk = 1 + 2 * cfg.extraction.max_gleanings + (1 if cfg.extraction.claims else 0)
-    calls = n_chunks * calls_per_chunk
+    calls_per_chunk = 1 + 2 * cfg.extraction.max_gleanings
     prompt_tokens = calls_per_chunk * (n_chunks * template + chunk_tokens)
     completion_tokens = calls_per_chunk * chunk_tokens // 2
+    calls = n_chunks * calls_per_chunk
+    if cfg.extraction.claims:
+        # A claims item's key depends on the names extraction finds; a chunk without any claims
+        # result counts as pending.
+        claimed = results.where(F.col("stage") == extraction.CLAIMS_STAGE).select(F.col("item_id").alias("id"))
+        claim_row = (units.select("id", "n_tokens").dropDuplicates(["id"]).join(claimed, "id", "left_anti")
+                     .agg(F.count("*").alias("n"), F.sum("n_tokens").alias("tokens")).collect()[0])
+        claim_template = count_tokens(prompts.claims.render(claim_description=cfg.extraction.claim_description,
+                                                            entity_specs="", input_text=""))
+        calls += int(claim_row.n)
+        prompt_tokens += int(claim_row.n) * claim_template + int(claim_row.tokens or 0)
+        completion_tokens += int(claim_row.tokens or 0) // 2
     cost = prompt_tokens / 1000 * cfg.llm.chat.price_per_1k_prompt + completion_tokens / 1000 * cfg.llm.chat.price_per_1k_completion
     return {"documents": counts["documents"], "chunks to extract": n_chunks,
             "chunks already cached": items.select("item_key").distinct().count() - n_chunks,

@@ -84,6 +84,7 @@ class BatchRun:
     questions: int
     seconds: float
     llm_calls: int
+    llm_tokens: int  # prompt + completion: with llm.chat.tokens_per_minute, what bounds throughput
 
 
 def answer_batch(index: GraphRagIndex, source: str, output: str, method: str, level: int | None = None,
@@ -95,4 +96,5 @@ def answer_batch(index: GraphRagIndex, source: str, output: str, method: str, le
     started = time.perf_counter()
     results = index.search(method, questions, level)
     write_answers(index.spark, answers_frame(index.spark, questions, results), output, mode)
-    return BatchRun(len(questions), time.perf_counter() - started, sum(r.llm_calls for r in results))
+    return BatchRun(len(questions), time.perf_counter() - started, sum(r.llm_calls for r in results),
+                    sum(r.prompt_tokens + r.completion_tokens for r in results))
