@@ -54,6 +54,10 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         # One BLAS thread per Python worker: Spark already runs one worker per core.
         "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
         "spark.sql.adaptive.enabled": "true",
+        # Spark sizes memory pages from the heap (64 MiB with a 4g driver), and a hash aggregate
+        # takes a whole page even for ten rows; executor threads keep their last sorter's pages,
+        # so the heap filled within a few index runs. Small pages cost nothing at scale.
+        "spark.buffer.pageSize": "4m",
     }
     settings.update(cfg.conf)
     settings.update(extra_conf or {})

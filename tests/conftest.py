@@ -19,12 +19,7 @@ def spark():
     from graphrag_spark.config import SparkConfig
     from graphrag_spark.session import build_spark
 
-    # One session runs hundreds of Spark jobs (several full index builds); with the 4g default
-    # the driver heap filled during the LLM index tests and the JVM spent its time in full GCs.
-    ui_limits = {"spark.ui.enabled": "false", "spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "50",
-                 "spark.ui.retainedStages": "50"}
-    session = build_spark(SparkConfig(shuffle_partitions=2, driver_memory="8g", ivy_cache=str(REPO / ".cache" / "ivy"),
-                                      conf=ui_limits), master="local[2]")
+    session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy")), master="local[2]")
     yield session
     session.stop()
 

@@ -85,12 +85,12 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
 
     with summary.stage("graph"):
         min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
-        entities = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions).persist()
-        relationships = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), entities, cfg.graph)
-        entities, relationships = graph.add_degrees(entities, relationships)
+        nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions).persist()
+        relationships = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
+        entities, relationships = graph.add_degrees(nodes, relationships)
         store.write(entities, T.ENTITIES)
         store.write(relationships, T.RELATIONSHIPS)
-        entities.unpersist()
+        nodes.unpersist()  # the persisted frame, not add_degrees' result
         summary.counts["entities"] = store.read(T.ENTITIES).count()
         summary.counts["relationships"] = store.read(T.RELATIONSHIPS).count()
         summary.counts["claims"] = store.read(T.CLAIMS).count()
