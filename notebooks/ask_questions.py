@@ -15,49 +15,13 @@
 
 # COMMAND ----------
 
-import os
+from graphrag_spark.query.notebook import open_index, setting, text_display
 
-
-def setting(name: str, env: str, default: str = "") -> str:
-    """A notebook widget on Databricks, an environment variable elsewhere."""
-    try:
-        dbutils.widgets.text(name, os.environ.get(env, default))  # noqa: F821 (Databricks global)
-        return dbutils.widgets.get(name)  # noqa: F821
-    except NameError:
-        return os.environ.get(env, default)
-
-
-INDEX_ROOT = setting("index_root", "GRAPHRAG_INDEX_ROOT")
-DATABASE = setting("database", "GRAPHRAG_DATABASE")
-CONFIG = setting("config", "GRAPHRAG_CONFIG")
-OVERRIDES = [o.strip() for o in setting("overrides", "GRAPHRAG_SET").split(";") if o.strip()]
-QUESTION = setting("question", "GRAPHRAG_QUESTION", "What are the main themes and who are the key actors?")
-
-# COMMAND ----------
-
-from graphrag_spark.config import load_config
-from graphrag_spark.query.api import GraphRagIndex
-
-cfg = load_config(CONFIG or None, OVERRIDES)
-if INDEX_ROOT:
-    cfg.storage.root = INDEX_ROOT
-if DATABASE:
-    cfg.storage.database = DATABASE
-
-try:
-    spark  # noqa: B018 (defined on Databricks)
-except NameError:
-    from graphrag_spark.session import build_spark
-
-    spark = build_spark(cfg.spark)
-
-try:
-    display  # noqa: B018 (defined on Databricks)
-except NameError:
-    def display(frame):
-        print((frame.limit(50).toPandas() if hasattr(frame, "toPandas") else frame).to_string())
-
-index = GraphRagIndex.load(spark, cfg)
+index = open_index(globals())
+spark, cfg = index.spark, index.cfg
+display = globals().get("display", text_display)  # Databricks defines display
+QUESTION = setting("question", "GRAPHRAG_QUESTION", "What are the main themes and who are the key actors?",
+                   dbutils=globals().get("dbutils"))
 print(f"Answers from: {'the chat model ' + cfg.llm.chat.model if cfg.query.llm else 'offline extraction (no LLM)'}")
 
 # COMMAND ----------

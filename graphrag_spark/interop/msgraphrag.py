@@ -280,6 +280,6 @@ def import_msgraphrag(spark, store, folder: str | Path, cfg) -> dict[str, int]:
     counts = {}
     for name, frame in load_msgraphrag(folder).items():
         store.write(spark.createDataFrame(frame, SCHEMAS[name]), name)
-        counts[name] = store.read(name).count()
+        counts[name] = len(frame)
     counts.update(build_embeddings(spark, store, cfg))
     return counts

@@ -4,15 +4,19 @@ text without a call."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import pandas as pd
 from pyspark.sql import SparkSession
 
 from graphrag_spark.config import Config
+from graphrag_spark.embeddings import Embedder, OpenAIEmbedder
 from graphrag_spark.prompts import load_prompt
 from graphrag_spark.query.context import NO_ANSWER, extractive_answer
 from graphrag_spark.query.executors import chat_in_executors
+from graphrag_spark.query.global_search import SearchResult
 
 
 @dataclass
@@ -43,3 +47,16 @@ def answer_all(spark: SparkSession, prompt_name: str, questions: list[str], cont
                             failed=int(not result.ok), prompt_tokens=result.prompt_tokens,
                             completion_tokens=result.completion_tokens)
     return answers
+
+
+def single_context_results(method: str, level: int | None, answers: list[Answer], contexts: list[tuple[str, pd.DataFrame, int]],
+                           embedder: Embedder, started: float) -> list[SearchResult]:
+    """SearchResults of a single-context method; ``contexts[i]`` = (text, context rows, tokens) of answer i.
+    The questions were embedded in one call when the embedder is an endpoint."""
+    latency = (time.perf_counter() - started) / max(1, len(answers))
+    embedding_calls = 1 if isinstance(embedder, OpenAIEmbedder) else 0
+    return [SearchResult(answer=answer.text, method=method, level=level, context=frame, points=pd.DataFrame(),
+                         context_units=len(frame), context_tokens=tokens, llm_calls=answer.calls, latency_s=latency,
+                         prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
+                         failed_llm_calls=answer.failed, embedding_calls=embedding_calls, context_text=text)
+            for (text, frame, tokens), answer in zip(contexts, answers)]

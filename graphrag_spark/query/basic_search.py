@@ -14,8 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark.config import Config
-from graphrag_spark.embeddings import Embedder, OpenAIEmbedder
-from graphrag_spark.query.answers import answer_all
+from graphrag_spark.embeddings import Embedder
+from graphrag_spark.query.answers import answer_all, single_context_results
 from graphrag_spark.query.context import fill_table
 from graphrag_spark.query.global_search import SearchResult
 from graphrag_spark.query.retrieval import nearest
@@ -43,11 +43,4 @@ def basic_search(spark: SparkSession, text_units: DataFrame, vectors: VectorInde
     passages = [[("Sources", sid, texts[uid]) for sid, uid in zip(frame["short_id"], frame["id"])] for _, frame, _ in contexts]
     answers = answer_all(spark, "basic_search", questions, [text for text, _, _ in contexts], passages, cfg,
                          lead="The passages most similar to the question say:")
-    latency = (time.perf_counter() - started) / max(1, len(questions))
-    embedding_calls = 1 if isinstance(embedder, OpenAIEmbedder) else 0
-    return [SearchResult(answer=answer.text, method="basic", level=None, context=frame,
-                         points=pd.DataFrame(), context_units=len(frame), context_tokens=tokens,
-                         llm_calls=answer.calls, latency_s=latency, prompt_tokens=answer.prompt_tokens,
-                         completion_tokens=answer.completion_tokens, failed_llm_calls=answer.failed,
-                         embedding_calls=embedding_calls, context_text=text)
-            for (text, frame, tokens), answer in zip(contexts, answers)]
+    return single_context_results("basic", None, answers, contexts, embedder, started)

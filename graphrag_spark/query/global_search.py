@@ -233,7 +233,7 @@ def _run_map(spark: SparkSession, batches: list[list[dict]], pairs: list[tuple[i
         return run_in_executors(spark, [json.dumps(p) for p in pairs],
                                 lambda payloads: fn([tuple(json.loads(p)) for p in payloads], shared.value))
     finally:
-        shared.unpersist()
+        shared.destroy()  # frees the driver copy too; the job that read it is done
 
 
 def _points_json(points: list[MapPoint]) -> str:

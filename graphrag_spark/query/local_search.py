@@ -23,9 +23,9 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config, QueryConfig
-from graphrag_spark.embeddings import Embedder, OpenAIEmbedder
+from graphrag_spark.embeddings import Embedder
 from graphrag_spark.errors import UserError
-from graphrag_spark.query.answers import answer_all
+from graphrag_spark.query.answers import answer_all, single_context_results
 from graphrag_spark.query.context import fill_table
 from graphrag_spark.query.global_search import SearchResult
 from graphrag_spark.query.retrieval import nearest
@@ -169,10 +169,5 @@ def local_search(spark: SparkSession, store: T.TableStore, entity_vectors: Vecto
     contexts = [build_local_context(row, data, q) for row in matches]
     answers = answer_all(spark, "local_search", questions, [c.text for c in contexts], [c.passages for c in contexts], cfg,
                          lead="What the index records about the entities closest to the question:")
-    latency = (time.perf_counter() - started) / max(1, len(questions))
-    embedding_calls = 1 if isinstance(embedder, OpenAIEmbedder) else 0
-    return [SearchResult(answer=answer.text, method="local", level=used_level, context=context.frame, points=pd.DataFrame(),
-                         context_units=len(context.frame), context_tokens=context.tokens, llm_calls=answer.calls,
-                         latency_s=latency, prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
-                         failed_llm_calls=answer.failed, embedding_calls=embedding_calls, context_text=context.text)
-            for context, answer in zip(contexts, answers)]
+    return single_context_results("local", used_level, answers, [(c.text, c.frame, c.tokens) for c in contexts],
+                                  embedder, started)

@@ -13,12 +13,16 @@ from graphrag_spark.query.vectors import VectorIndex
 def load_vector_index(embeddings: DataFrame, model_name: str, table: str) -> VectorIndex:
     """The table's vectors (failed rows, with a null vector, left out); they must come from the question's model."""
     frame = embeddings.where(F.col("vector").isNotNull()).select("id", "vector", "model_name").toPandas()
-    models = set(frame["model_name"])
-    if models - {model_name}:
-        raise UserError(f"The vectors in '{table}' were made by {sorted(models)}, but questions would be embedded by "
-                        f"'{model_name}'; set embeddings.provider (and llm.embedding.model) to match the index, "
-                        f"or rebuild the index.")
+    require_model(frame["model_name"], model_name, f"The vectors in '{table}'", "the index", "the index")
     return VectorIndex.from_pandas(frame)
+
+
+def require_model(stored_models, model_name: str, what: str, target: str, rebuild: str) -> None:
+    """Questions must be embedded by the model that embedded the stored vectors."""
+    models = set(stored_models)
+    if models - {model_name}:
+        raise UserError(f"{what} were made by {sorted(models)}, but questions would be embedded by '{model_name}'; "
+                        f"set embeddings.provider (and llm.embedding.model) to match {target}, or rebuild {rebuild}.")
 
 
 def nearest(index: VectorIndex, embedder: Embedder, questions: list[str], k: int) -> list[list[tuple[str, float]]]:

@@ -19,11 +19,12 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config, RaptorConfig
-from graphrag_spark.embeddings import Embedder, OpenAIEmbedder
+from graphrag_spark.embeddings import Embedder
 from graphrag_spark.errors import UserError
-from graphrag_spark.query.answers import answer_all
+from graphrag_spark.query.answers import answer_all, single_context_results
 from graphrag_spark.query.context import format_table
 from graphrag_spark.query.global_search import SearchResult
+from graphrag_spark.query.retrieval import require_model
 from graphrag_spark.raptor.nodes import OK
 from graphrag_spark.raptor.retrieval import collapsed_tree, tree_traversal
 
@@ -44,11 +45,8 @@ class RaptorTree:
                             f"(same storage.root).")
         nodes = (store.read(T.RAPTOR_NODES).where(F.col("status") == OK)
                  .select("tree_id", "id", "layer", "text", "n_tokens", "embedding", "model_name", "status").toPandas())
-        models = set(nodes["model_name"])
-        if models - {model_name}:
-            raise UserError(f"The RAPTOR tree was embedded by {sorted(models)}, but questions would be embedded by "
-                            f"'{model_name}'; set embeddings.provider (and llm.embedding.model) to match the tree, "
-                            f"or rebuild it with jobs/raptor.py.")
+        require_model(nodes["model_name"], model_name, "The RAPTOR tree's embeddings", "the tree",
+                      "it with jobs/raptor.py")
         return cls(nodes, store.read(T.RAPTOR_EDGES).select("parent", "child").toPandas())
 
 
@@ -72,14 +70,7 @@ def raptor_search(spark: SparkSession, tree: RaptorTree, embedder: Embedder, que
     passages = [[("Sources", i, text) for i, text in enumerate(c["text"], 1)] for c in chosen]
     answers = answer_all(spark, "basic_search", questions, contexts, passages, cfg,
                          lead="The RAPTOR tree nodes most similar to the question say:")
-    latency = (time.perf_counter() - started) / max(1, len(questions))
-    embedding_calls = 1 if isinstance(embedder, OpenAIEmbedder) and questions else 0
-    results = []
-    for c, context, answer in zip(chosen, contexts, answers):
-        frame = c.assign(short_id=range(1, len(c) + 1))[CONTEXT_COLUMNS].reset_index(drop=True)
-        results.append(SearchResult(
-            answer=answer.text, method="raptor", level=None, context=frame, points=pd.DataFrame(),
-            context_units=len(frame), context_tokens=int(frame["n_tokens"].sum()), llm_calls=answer.calls,
-            latency_s=latency, prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
-            failed_llm_calls=answer.failed, embedding_calls=embedding_calls, context_text=context))
-    return results
+    frames = [c.assign(short_id=range(1, len(c) + 1))[CONTEXT_COLUMNS].reset_index(drop=True) for c in chosen]
+    return single_context_results("raptor", None, answers,
+                                  [(text, frame, int(frame["n_tokens"].sum())) for text, frame in zip(contexts, frames)],
+                                  embedder, started)
