@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from graphrag_spark.errors import UserError
+from graphrag_spark.prompts import use_prompt_dir
 
 
 class _Section(BaseModel):
@@ -196,12 +197,24 @@ class RaptorConfig(_Section):
     traversal_top_k: int = Field(5, gt=0, description="Tree traversal: nodes kept per layer.")
 
 
+class PromptsConfig(_Section):
+    dir: str | None = Field(
+        None, description="Folder of prompt files (`graphrag-spark init` copies them there, `prompt-tune` writes tuned ones); a prompt missing from it is read from the project's prompts/. None = the project's prompts/."
+    )
+    tune_chunks: int = Field(12, ge=1, description="prompt-tune: text units sampled (evenly over the corpus) to show the model.")
+    tune_examples: int = Field(3, ge=1, description="prompt-tune: few-shot extraction examples written, each from one sampled text unit.")
+    tune_language: str = Field("English", description="prompt-tune: language the tuned prompts are written in.")
+
+
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
     shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions (small machines want few).")
     ivy_cache: str = Field(".cache/ivy", description="Where the Delta JARs from Maven Central are cached (fetched once per machine).")
     driver_memory: str = Field("4g")
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = Field(
+        "ERROR", description="Spark's log level on the console; `graphrag-spark --verbose` sets INFO."
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
 
@@ -217,6 +230,7 @@ class Config(_Section):
     llm: LlmConfig = Field(default_factory=LlmConfig)
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     raptor: RaptorConfig = Field(default_factory=RaptorConfig)
+    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 
@@ -270,8 +284,40 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for assignment in overrides or []:
         _apply_override(data, assignment)
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise UserError(f"Invalid config at '{where}': {first['msg']} (got {first.get('input')!r}).") from None
+    # Prompts are read on the driver by many stages; the configured folder applies to all of them.
+    use_prompt_dir(cfg.prompts.dir)
+    return cfg
+
+
+def config_keys(sections: list[str]) -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) of every setting in ``sections``, read from the models above,
+    so the command-line help lists exactly the keys a job reads and never drifts from this file."""
+    def walk(model: type[BaseModel], prefix: str):
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, _Section):
+                yield from walk(annotation, f"{prefix}{name}.")
+                continue
+            default = field.get_default(call_default_factory=True)
+            yield f"{prefix}{name}", _yaml_default(default), field.description or ""
+
+    keys = []
+    for section in sections:
+        model = Config.model_fields[section].annotation
+        keys.extend(walk(model, f"{section}."))
+    return keys
+
+
+def _yaml_default(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True).strip()
+    return str(value)

@@ -16,6 +16,8 @@ from graphrag_spark.errors import UserError
 
 DEFAULT_PROMPT_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
+_configured_dir: Path | None = None
+
 _VARIABLE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
@@ -41,10 +43,27 @@ class Prompt:
         return _VARIABLE.sub(lambda m: str(values[m.group(1)]), self.text)
 
 
+def use_prompt_dir(prompt_dir: str | Path | None) -> None:
+    """Make ``prompts.dir`` of the config the folder every ``load_prompt`` reads first (None = the project's)."""
+    global _configured_dir
+    _configured_dir = Path(prompt_dir).expanduser() if prompt_dir else None
+
+
+def prompt_path(name: str, prompt_dir: str | Path | None = None) -> Path:
+    """Where ``load_prompt`` reads ``name``: an explicit folder; else the configured folder when it
+    holds the file (a prompt added to the project after ``init`` still loads); else ``prompts/``."""
+    file_name = name if name.endswith(".txt") else f"{name}.txt"
+    if prompt_dir is not None:
+        return Path(prompt_dir) / file_name
+    if _configured_dir is not None and (_configured_dir / file_name).is_file():
+        return _configured_dir / file_name
+    return DEFAULT_PROMPT_DIR / file_name
+
+
 def load_prompt(name: str, prompt_dir: str | Path | None = None) -> Prompt:
-    """Read ``<prompt_dir>/<name>.txt`` (default: the repository's ``prompts/``)."""
-    directory = Path(prompt_dir) if prompt_dir is not None else DEFAULT_PROMPT_DIR
-    path = directory / (name if name.endswith(".txt") else f"{name}.txt")
+    """Read ``<name>.txt`` from ``prompt_dir``, else the configured folder, else the repository's ``prompts/``."""
+    path = prompt_path(name, prompt_dir)
+    directory = path.parent
     if not path.is_file():
         raise UserError(
             f"Prompt file '{path}' does not exist; copy it from the project's prompts/ folder into '{directory}'."

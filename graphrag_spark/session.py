@@ -58,6 +58,7 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         # takes a whole page even for ten rows; executor threads keep their last sorter's pages,
         # so the heap filled within a few index runs. Small pages cost nothing at scale.
         "spark.buffer.pageSize": "4m",
+        "spark.log.level": cfg.log_level,
     }
     settings.update(cfg.conf)
     settings.update(extra_conf or {})
@@ -65,7 +66,7 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         builder = builder.config(key, value)
     builder = configure_spark_with_delta_pip(builder)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(cfg.log_level)
     if not spark.sparkContext.master.startswith("local["):
         spark.sparkContext.addPyFile(_package_zip(ivy.parent))
     return spark

@@ -14,21 +14,28 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import base_parser, user_errors  # noqa: E402
+from _cli import base_parser, job_config, user_errors  # noqa: E402
 
-from graphrag_spark import tables as T  # noqa: E402
-from graphrag_spark.config import load_config  # noqa: E402
-from graphrag_spark.interop.msgraphrag import import_msgraphrag  # noqa: E402
-from graphrag_spark.session import build_spark  # noqa: E402
+
+SECTIONS = ["storage", "embeddings", "llm", "spark"]
+
+
+def build_parser():
+    parser = base_parser(__doc__, SECTIONS)
+    parser.add_argument("--from", dest="source", required=True,
+                        help="the output folder of a microsoft/graphrag 1.0+ index (entities.parquet, ...)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = base_parser(__doc__)
-    parser.add_argument("--from", dest="source", required=True,
-                        help="the output folder of a microsoft/graphrag 1.0+ index (entities.parquet, ...)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    # Imported after parsing, so --help and argument mistakes cost no Spark import.
+    from graphrag_spark import tables as T
+    from graphrag_spark.interop.msgraphrag import import_msgraphrag
+    from graphrag_spark.session import build_spark
+
     with user_errors():
-        cfg = load_config(args.config, args.set)
+        cfg = job_config(args)
         spark = build_spark(cfg.spark, master=args.master)
         counts = import_msgraphrag(spark, T.TableStore(spark, cfg.storage), args.source, cfg)
         print(f"Imported {args.source} into {cfg.storage.root}")

@@ -7,20 +7,28 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import base_parser, user_errors  # noqa: E402
+from _cli import base_parser, job_config, user_errors  # noqa: E402
 
-from graphrag_spark.config import load_config  # noqa: E402
-from graphrag_spark.index.pipeline import estimate_extraction, run_index  # noqa: E402
-from graphrag_spark.session import build_spark  # noqa: E402
+
+SECTIONS = ["storage", "input", "chunking", "extraction", "graph", "communities", "reports", "llm", "embeddings",
+            "prompts", "spark"]
+
+
+def build_parser():
+    parser = base_parser(__doc__, SECTIONS)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the LLM calls and tokens extraction would spend, without calling anything")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = base_parser(__doc__)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the LLM calls and tokens extraction would spend, without calling anything")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    # Imported after parsing, so --help and argument mistakes cost no Spark import.
+    from graphrag_spark.index.pipeline import estimate_extraction, run_index
+    from graphrag_spark.session import build_spark
+
     with user_errors():
-        cfg = load_config(args.config, args.set)
+        cfg = job_config(args)
         spark = build_spark(cfg.spark, master=args.master)
         if args.dry_run:
             for key, value in estimate_extraction(spark, cfg).items():

@@ -11,17 +11,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import base_parser, user_errors  # noqa: E402
+from _cli import base_parser, job_config, user_errors  # noqa: E402
 
-from graphrag_spark.config import load_config  # noqa: E402
 from graphrag_spark.errors import UserError  # noqa: E402
 from graphrag_spark.query.api import METHODS, GraphRagIndex  # noqa: E402
 from graphrag_spark.query.batch import answer_batch  # noqa: E402
 from graphrag_spark.session import build_spark  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = base_parser(__doc__)
+SECTIONS = ["storage", "query", "llm", "embeddings", "raptor", "prompts", "spark"]
+
+
+def build_parser():
+    parser = base_parser(__doc__, SECTIONS)
     parser.add_argument("--method", choices=METHODS, default="global", help="query method (default: global)")
     parser.add_argument("--level", type=int, default=None,
                         help="community level for global and local search (default: query.level)")
@@ -30,11 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", help="batch mode: Delta path (or db.table) the answers are written to")
     parser.add_argument("--mode", choices=["append", "overwrite"], default="append", help="batch output write mode")
     parser.add_argument("question", nargs="?", help="the question (single-question mode)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     with user_errors():
         if (args.question is None) == (args.questions is None) or (args.questions and not args.output):
             raise UserError("Give either one question, or --questions FILE_OR_DELTA together with --output DELTA_PATH.")
-        cfg = load_config(args.config, args.set)
+        cfg = job_config(args)
         index = GraphRagIndex(build_spark(cfg.spark, master=args.master), cfg)
         if args.question is not None:
             result = index.search(args.method, [args.question], args.level)[0]

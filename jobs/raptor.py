@@ -12,18 +12,24 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _cli import base_parser, user_errors  # noqa: E402
+from _cli import base_parser, job_config, user_errors  # noqa: E402
 
-from graphrag_spark.config import load_config  # noqa: E402
-from graphrag_spark.raptor.build import build_raptor  # noqa: E402
-from graphrag_spark.session import build_spark  # noqa: E402
+
+SECTIONS = ["storage", "input", "raptor", "llm", "embeddings", "prompts", "spark"]
+
+
+def build_parser():
+    return base_parser(__doc__, SECTIONS)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = base_parser(__doc__)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    # Imported after parsing, so --help and argument mistakes cost no Spark import.
+    from graphrag_spark.raptor.build import build_raptor
+    from graphrag_spark.session import build_spark
+
     with user_errors():
-        cfg = load_config(args.config, args.set)
+        cfg = job_config(args)
         print(build_raptor(build_spark(cfg.spark, master=args.master), cfg).render())
 
 
