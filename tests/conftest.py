@@ -14,6 +14,23 @@ SAMPLE_CORPUS = REPO / "data" / "sample"
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def shared_path(relative: str) -> Path:
+    """A file or folder of ``../shared`` (next to the repository). Missing, the test fails under
+    ``CI=true`` (where the folder always exists, so a silent skip would hide lost coverage) and is
+    skipped elsewhere."""
+    path = SHARED / relative
+    if not path.exists():
+        message = f"{path} is missing: the shared folder must sit next to the repository ({SHARED})"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(scope="session")
 def spark():
     from graphrag_spark.config import SparkConfig

@@ -1,8 +1,9 @@
 import pytest
 
-from graphrag_spark.config import load_config
+from graphrag_spark.config import Config, load_config
 from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id, normalize_name, normalize_text
+from graphrag_spark.raptor.params import RaptorParams
 
 
 def test_content_ids_are_stable_and_separator_safe():
@@ -26,6 +27,23 @@ def test_local_config_loads_with_documented_defaults():
     assert cfg.extraction.method == "nlp"
     assert (cfg.chunking.size, cfg.chunking.overlap) == (600, 100)
     assert cfg.reports.max_input_tokens == 8000
+
+
+def test_code_defaults_are_the_papers_parameters():
+    """``Config()`` itself (no YAML, which sets values of its own) carries the papers' parameters."""
+    cfg = Config()
+    assert (cfg.chunking.size, cfg.chunking.overlap, cfg.chunking.encoding) == (600, 100, "cl100k_base")
+    assert cfg.extraction.max_gleanings == 1
+    assert cfg.extraction.entity_types == ["organization", "person", "geo", "event"]
+    assert (cfg.graph.name_matching, cfg.graph.edge_weight) == ("exact", "count")
+    assert cfg.communities.max_levels == 4
+    assert cfg.reports.max_input_tokens == 8000
+    assert (cfg.query.batch_tokens, cfg.query.reduce_tokens, cfg.query.context_tokens) == (8000, 8000, 8000)
+    raptor = cfg.raptor
+    assert (raptor.threshold, raptor.reduction_dim, raptor.local_neighbors) == (0.1, 10, 10)
+    assert (raptor.retrieval, raptor.max_context_tokens, raptor.chunk_tokens) == ("collapsed_tree", 2000, 100)
+    params = RaptorParams()
+    assert (params.threshold, params.reduction_dim, params.local_neighbors, params.chunk_tokens) == (0.1, 10, 10, 100)
 
 
 def test_overrides_and_env_substitution(tmp_path, monkeypatch):

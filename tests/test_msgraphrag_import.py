@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import SHARED, shared_path
 
 from graphrag_spark.errors import UserError
 from graphrag_spark.index.report_context import build_leaf_context
@@ -24,7 +25,7 @@ from graphrag_spark.tables import (
 )
 from graphrag_spark.tokens import count_tokens
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "graphrag-operation-dulce"
+FIXTURE = SHARED / "fixtures" / "graphrag-operation-dulce"
 # Their relationships name two endpoints that have no entity row; the import adds them as stubs.
 DANGLING_ENDPOINTS = ["CONCRETE HALLWAY", "ELEVATOR"]
 # Their hierarchy: 7 roots at level 0, one of them split into 3 at level 1; the 6 unsplit roots
@@ -34,8 +35,7 @@ PROJECTED = 6
 
 @pytest.fixture(scope="module")
 def tables() -> dict[str, pd.DataFrame]:
-    if not FIXTURE.is_dir():
-        pytest.skip(f"fixture index not found at {FIXTURE}")
+    shared_path("fixtures/graphrag-operation-dulce")
     return load_msgraphrag(FIXTURE)
 
 
@@ -67,8 +67,7 @@ def test_every_relationship_endpoint_is_an_entity(tables):
 
 
 def test_stub_entities_are_logged(caplog):
-    if not FIXTURE.is_dir():
-        pytest.skip(f"fixture index not found at {FIXTURE}")
+    shared_path("fixtures/graphrag-operation-dulce")
     with caplog.at_level(logging.WARNING):
         load_msgraphrag(FIXTURE)
     assert "CONCRETE HALLWAY, ELEVATOR" in caplog.text
@@ -192,8 +191,7 @@ def test_other_layout_names_the_missing_column(tables, tmp_path):
 @pytest.mark.spark
 def test_import_job_writes_delta_tables_that_every_query_method_can_use(spark, make_config):
     """jobs/import_msgraphrag.py's core: their index into our Delta tables, embedded, then asked."""
-    if not FIXTURE.is_dir():
-        pytest.skip(f"fixture index not found at {FIXTURE}")
+    shared_path("fixtures/graphrag-operation-dulce")
     from graphrag_spark.interop.msgraphrag import import_msgraphrag
     from graphrag_spark.query.api import GraphRagIndex
     from graphrag_spark.tables import ENTITY_EMBEDDINGS, TEXT_UNIT_EMBEDDINGS, TableStore

@@ -3,11 +3,15 @@
 from pathlib import Path
 
 import pytest
+from conftest import shared_path
 
 from graphrag_spark.raptor.chunking import sentence_chunks, split_sentences
 
-CAROL = Path("/work/shared/corpora/a_christmas_carol.txt")
-needs_carol = pytest.mark.skipif(not CAROL.is_file(), reason=f"corpus {CAROL} not present")
+
+
+@pytest.fixture
+def carol() -> Path:
+    return shared_path("corpora/a_christmas_carol.txt")
 
 
 def words(text: str) -> int:
@@ -66,11 +70,10 @@ def test_empty_text_gives_no_chunks():
     assert sentence_chunks("  \n\n ", count_tokens=words) == []
 
 
-@needs_carol
-def test_christmas_carol_chunks_with_the_project_tokenizer():
+def test_christmas_carol_chunks_with_the_project_tokenizer(carol):
     from graphrag_spark.tokens import count_tokens
 
-    text = CAROL.read_text()[20_000:40_000]
+    text = carol.read_text()[20_000:40_000]
     chunks = sentence_chunks(text, 100, count_tokens=count_tokens)
     sizes = [count_tokens(chunk) for chunk in chunks]
     assert max(sizes) <= 100

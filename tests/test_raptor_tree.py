@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_path
 
 from graphrag_spark.raptor.chunking import sentence_chunks, split_sentences
 from graphrag_spark.raptor.clustering import cluster_layer, enforce_token_budget, soft_assign
@@ -20,8 +21,11 @@ from graphrag_spark.raptor.params import RaptorParams
 from graphrag_spark.raptor.summaries import extractive_summary
 from graphrag_spark.raptor.tree import build_tree, make_leaves, next_frontier, summarize_clusters
 
-CAROL = Path("/work/shared/corpora/a_christmas_carol.txt")
-needs_carol = pytest.mark.skipif(not CAROL.is_file(), reason=f"corpus {CAROL} not present")
+
+
+@pytest.fixture
+def carol() -> Path:
+    return shared_path("corpora/a_christmas_carol.txt")
 TOPICS = {
     "sea": "ship sail harbour captain wave anchor tide crew deck storm".split(),
     "farm": "cow barn harvest wheat tractor field farmer hay plough orchard".split(),
@@ -180,9 +184,8 @@ def test_leaf_ids_come_from_chunk_ids():
     assert make_leaves(["A.", "A."], embeddings, words)[0].id != make_leaves(["A.", "A."], embeddings, words)[1].id
 
 
-@needs_carol
-def test_christmas_carol_tree():
-    text = " ".join(CAROL.read_text().split()[3000:7000])
+def test_christmas_carol_tree(carol):
+    text = " ".join(carol.read_text().split()[3000:7000])
     chunks = sentence_chunks(text, 100, count_tokens=words)
     tree = build_tree(chunks, hashed_bow, lambda texts: extractive_summary(texts, 100, words), words)
     per_layer = Counter(node.layer for node in tree.nodes)

@@ -4,14 +4,14 @@ keep at most 5 ids then +more."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import SHARED, shared_path
 
 from graphrag_spark.index.report_json import format_data_refs, limit_data_refs, parse_report, render_full_content
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "graphrag-operation-dulce"
+FIXTURE = SHARED / "fixtures" / "graphrag-operation-dulce"
 
 GOOD = {
     "title": "Operation Dulce",
@@ -27,8 +27,7 @@ GOOD = {
 
 @pytest.fixture(scope="module")
 def fixture_reports() -> pd.DataFrame:
-    if not FIXTURE.is_dir():
-        pytest.skip(f"fixture index not found at {FIXTURE}")
+    shared_path("fixtures/graphrag-operation-dulce")
     return pd.read_parquet(FIXTURE / "community_reports.parquet")
 
 
