@@ -172,7 +172,11 @@ def test_community_report_is_json_citing_the_context_ids(server):
 
 def test_global_map_scores_by_overlap_and_cites_report_ids(server):
     context = "-----Reports-----\nid,title,content\n7,Chips,NeoChip sells processors for wearables.\n9,Ports,The harbour of Vell closed."
-    render = load_prompt("global_map").render
+    prompt = load_prompt("global_map")
+
+    def render(**values):
+        return prompt.render(kind="Reports", units="community reports", **values)
+
     points = json.loads(chat(server, render(question="Who sells processors?", context_data=context)))["points"]
     assert points == [{"description": "NeoChip sells processors for wearables. [Data: Reports (7)]", "score": 100}]
     points = json.loads(chat(server, render(question="Quantum entanglement?", context_data=context)))["points"]
@@ -180,7 +184,11 @@ def test_global_map_scores_by_overlap_and_cites_report_ids(server):
 
 
 def test_reduce_keeps_citations_and_admits_ignorance(server):
-    render = load_prompt("global_reduce").render
+    prompt = load_prompt("global_reduce")
+
+    def render(**values):
+        return prompt.render(kind="Reports", **values)
+
     data = "----Analyst 1----\nImportance Score: 80\nNeoChip sells processors. [Data: Reports (7, 8)]"
     answer = chat(server, render(question="Who sells?", report_data=data, response_type="a list"))
     assert "NeoChip sells processors. [Data: Reports (7, 8)]" in answer and "Analyst" not in answer

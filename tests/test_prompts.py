@@ -14,8 +14,8 @@ EXPECTED_VARIABLES = {
     "claims_extraction": {"claim_description", "entity_specs", "input_text"},
     "summarize_descriptions": {"entity_name", "description_list", "max_words"},
     "community_report": {"input_text"},
-    "global_map": {"question", "context_data"},
-    "global_reduce": {"question", "report_data", "response_type"},
+    "global_map": {"question", "context_data", "kind", "units"},
+    "global_reduce": {"question", "report_data", "response_type", "kind"},
     "basic_search": {"question", "context_data", "response_type"},
     "local_search": {"question", "context_data", "response_type"},
     "raptor_summary": {"context"},
@@ -39,7 +39,8 @@ def test_extraction_prompt_states_the_paper_delimiters():
 
 def test_render_keeps_json_braces_and_never_substitutes_inside_values():
     prompt = load_prompt("global_map")
-    rendered = prompt.render(question="What is {context_data}?", context_data="-----Reports-----\nid,title\n1,A")
+    rendered = prompt.render(question="What is {context_data}?", context_data="-----Reports-----\nid,title\n1,A",
+                             kind="Reports", units="community reports")
     assert '{"points": [{"description":' in rendered
     assert "What is {context_data}?" in rendered
     assert "{question}" not in rendered

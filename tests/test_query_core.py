@@ -11,8 +11,9 @@ from graphrag_spark.query.basic_search import basic_context
 from graphrag_spark.query.batch import parse_question_file
 from graphrag_spark.query.context import NO_ANSWER, extractive_answer, fill_table
 from graphrag_spark.query.context_report import size_table
-from graphrag_spark.query.global_search import MapPoint, cited_ids, parse_map_answer, reduce_context, select_points
+from graphrag_spark.query.global_search import MapPoint, cited_ids, parse_map_answer, reduce_context, report_units, select_points
 from graphrag_spark.query.local_search import LocalData, build_local_context, unit_candidates
+from graphrag_spark.query.text_summary import source_units
 from graphrag_spark.tokens import count_tokens
 
 
@@ -132,7 +133,9 @@ def test_extractive_answer_cites_rows_and_says_when_nothing_matches():
 
 
 def test_size_table_counts_units_tokens_and_map_calls():
-    frame = size_table([("C0", [{"n_tokens": 100}] * 2), ("TS", [{"n_tokens": 300}] * 4)], batch_tokens=600, seed=1)
+    report = {"community": 1, "title": "Seals", "text": "word " * 100, "n_tokens": 100}
+    source = {"short_id": 1, "text": "word " * 300, "n_tokens": 300}
+    frame = size_table([("C0", report_units([report] * 2)), ("TS", source_units([source] * 4))], batch_tokens=620, seed=1)
     assert frame.to_dict("records") == [
         {"condition": "C0", "units": 2, "tokens": 200, "pct_of_max": 16.7, "map_calls": 1},
         {"condition": "TS", "units": 4, "tokens": 1200, "pct_of_max": 100.0, "map_calls": 2}]

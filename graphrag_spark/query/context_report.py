@@ -17,16 +17,16 @@ from pyspark.sql import SparkSession
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config, load_config
 from graphrag_spark.errors import UserError
-from graphrag_spark.query.global_search import load_level_reports, pack_by_tokens
-from graphrag_spark.query.text_summary import load_text_units
+from graphrag_spark.query.global_search import Units, load_level_reports, pack_by_tokens, report_units
+from graphrag_spark.query.text_summary import load_text_units, source_units
 
 COLUMNS = ["condition", "units", "tokens", "pct_of_max", "map_calls"]
 
 
-def size_table(conditions: list[tuple[str, list[dict]]], batch_tokens: int, seed: int) -> pd.DataFrame:
-    """Pure: one row per (condition, units with ``n_tokens``)."""
-    rows = [[name, len(items), sum(i["n_tokens"] for i in items), 0.0, len(pack_by_tokens(items, batch_tokens, seed))]
-            for name, items in conditions]
+def size_table(conditions: list[tuple[str, Units]], batch_tokens: int, seed: int) -> pd.DataFrame:
+    """Pure: one row per (condition, its context units)."""
+    rows = [[name, len(units.items), sum(i["n_tokens"] for i in units.items), 0.0,
+             len(pack_by_tokens(units, batch_tokens, seed))] for name, units in conditions]
     frame = pd.DataFrame(rows, columns=COLUMNS)
     peak = frame["tokens"].max() if len(frame) else 0
     frame["pct_of_max"] = (100 * frame["tokens"] / peak).round(1) if peak else 0.0
@@ -36,8 +36,8 @@ def size_table(conditions: list[tuple[str, list[dict]]], batch_tokens: int, seed
 def context_sizes(spark: SparkSession, store: T.TableStore, cfg: Config) -> pd.DataFrame:
     reports = store.read(T.COMMUNITY_REPORTS)
     levels = sorted(r[0] for r in reports.select("level").distinct().collect())
-    conditions = [(f"C{level}", load_level_reports(spark, reports, level)) for level in levels]
-    conditions.append(("TS", load_text_units(store.read(T.TEXT_UNITS))))
+    conditions = [(f"C{level}", report_units(load_level_reports(spark, reports, level))) for level in levels]
+    conditions.append(("TS", source_units(load_text_units(store.read(T.TEXT_UNITS)))))
     return size_table(conditions, cfg.query.batch_tokens, cfg.query.seed)
 
 

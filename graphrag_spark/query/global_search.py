@@ -8,8 +8,10 @@ citing ``[Data: Reports (ids)]``; with no point left the answer says the data ca
 
 The shape is shared: TS (``text_summary``) runs it over shuffled text units, and two pairs of
 map and reduce functions plug into it: offline (lexical scores, extractive answer, no LLM) and
-LLM (the ``global_map`` / ``global_reduce`` prompts). A map answer that is not the requested
+LLM (the ``global_map`` / ``global_reduce`` prompts, told which units they read and which table
+name to cite: ``Reports`` for C0..Cn, ``Sources`` for TS). A map answer that is not the requested
 JSON is counted as malformed (its salvageable points still count), never silently dropped.
+Batches and the reduce context are counted as rendered (headers, ids, titles included).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from graphrag_spark.errors import UserError
 from graphrag_spark.index.extract_nlp import split_sentences
 from graphrag_spark.index.report_json import format_data_refs
 from graphrag_spark.llm.client import CallResult
-from graphrag_spark.prompts import load_prompt
-from graphrag_spark.query.context import NO_ANSWER, format_table, terms
+from graphrag_spark.prompts import Prompt, load_prompt
+from graphrag_spark.query.context import NO_ANSWER, csv_line, format_table, terms
 from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call, partitions_for, run_in_executors
 from graphrag_spark.tokens import count_tokens
 
@@ -91,6 +93,12 @@ class Units:
     columns: tuple[str, ...]  # item keys shown in the map context after the id; "text" is the content
     items: list[dict]  # each with id_key, the columns, "text" and "n_tokens"
     rating_fallback: bool = False  # offline: with no lexical match, summarise the highest-rated reports
+    described_as: str = "community reports"  # what the map and reduce prompts call the units
+
+
+def report_units(items: list[dict]) -> Units:
+    """C0..Cn: the reports of one level, cited as ``Reports``."""
+    return Units("Reports", "community", ("title", "text"), items, rating_fallback=True)
 
 
 @dataclass
@@ -102,17 +110,24 @@ class MapReduceAnswer:
     malformed: int = 0
 
 
-def pack_by_tokens(items: list[dict], max_tokens: int, seed: int | None, text_key: str = "text") -> list[list[dict]]:
-    """Shuffle (if seeded) then greedily fill batches up to ``max_tokens``; an oversized item gets a batch alone."""
-    items = list(items)
+def pack_by_tokens(units: Units, max_tokens: int, seed: int | None) -> list[list[dict]]:
+    """Shuffle (if seeded) then greedily fill batches while the rendered map table fits ``max_tokens``.
+
+    A batch's cost is counted on what the map prompt shows: the table header line, the column
+    line and every unit's CSV row with its id and title, not just the unit's text. Rows start
+    with the id and end with a newline, so the tokenizer never merges across them and the sum
+    of the parts is the count of the rendered table. An oversized unit gets a batch alone.
+    """
+    items = list(units.items)
     if seed is not None:
         random.Random(seed).shuffle(items)
-    batches, current, used = [], [], 0
+    header = count_tokens(map_context([], units))
+    batches, current, used = [], [], header
     for item in items:
-        tokens = item.get("n_tokens") or count_tokens(item[text_key])
+        tokens = count_tokens(csv_line(map_row(item, units)))
         if current and used + tokens > max_tokens:
             batches.append(current)
-            current, used = [], 0
+            current, used = [], header
         current.append(item)
         used += tokens
     if current:
@@ -147,12 +162,15 @@ def rating_map(batch: list[dict]) -> list[MapPoint]:
 
 
 def select_points(points: list[MapPoint], max_tokens: int) -> list[MapPoint]:
-    """Reduce context: drop score 0, sort by score (desc), add until the token budget."""
+    """Reduce context (paper: "added to a new context window until the token limit is reached"):
+    drop score 0, sort by score (desc), add points until the next one's rendered block (analyst
+    header, score line, description) does not fit. Blocks are counted as ``reduce_context``
+    renders them and the sum of their counts is the count of the whole context."""
     chosen, used = [], 0
     for point in sorted((p for p in points if p.score > 0), key=lambda p: (-p.score, p.report_ids)):
-        tokens = count_tokens(point.description)
+        tokens = count_tokens(_analyst_block(len(chosen) + 1, point))
         if used + tokens > max_tokens:
-            continue
+            break
         chosen.append(point)
         used += tokens
     return chosen
@@ -167,9 +185,23 @@ def extractive_reduce(question: str, points: list[MapPoint], max_points: int, fa
     return lead + "\n\n" + "\n".join(f"- {p.description}" for p in points[:max_points])
 
 
+def render_map_prompt(prompt: Prompt, question: str, batch: list[dict], units: Units) -> str:
+    """The map prompt of one batch, naming the units and the table they are cited by (Reports or Sources)."""
+    return prompt.render(question=question, context_data=map_context(batch, units), kind=units.kind,
+                         units=units.described_as)
+
+
+def render_reduce_prompt(prompt: Prompt, question: str, points: list[MapPoint], units: Units, response_type: str) -> str:
+    return prompt.render(question=question, report_data=reduce_context(points), response_type=response_type,
+                         kind=units.kind)
+
+
+def map_row(unit: dict, units: Units) -> list:
+    return [unit[units.id_key], *(unit[c] for c in units.columns)]
+
+
 def map_context(batch: list[dict], units: Units) -> str:
-    return format_table(units.kind, ["id", *units.columns],
-                        [[unit[units.id_key], *(unit[c] for c in units.columns)] for unit in batch])
+    return format_table(units.kind, ["id", *units.columns], [map_row(unit, units) for unit in batch])
 
 
 def cited_ids(text: str, kind: str) -> list[int]:
@@ -209,15 +241,19 @@ def parse_map_answer(text: str, kind: str) -> tuple[list[MapPoint], bool]:
     return salvaged, True
 
 
+def _analyst_block(position: int, point: MapPoint) -> str:
+    # Ends with a blank line and the next block starts with "-": no token spans two blocks.
+    return f"----Analyst {position}----\nImportance Score: {point.score:g}\n{point.description.strip()}\n\n"
+
+
 def reduce_context(points: list[MapPoint]) -> str:
-    return "\n".join(f"----Analyst {i}----\nImportance Score: {p.score:g}\n{p.description}\n"
-                     for i, p in enumerate(points, 1))
+    return "".join(_analyst_block(i, p) for i, p in enumerate(points, 1))
 
 
 def map_reduce(spark: SparkSession, questions: list[str], units: Units, cfg: Config) -> list[MapReduceAnswer]:
     """Answer every question over the same packed batches; all map calls of all questions form one Spark job."""
     q = cfg.query
-    batches = pack_by_tokens(units.items, q.batch_tokens, q.seed)
+    batches = pack_by_tokens(units, q.batch_tokens, q.seed)
     pairs = [(qi, bi) for qi in range(len(questions)) for bi in range(len(batches))]
     shape = dataclasses.replace(units, items=[])  # what executor closures need; the items travel as batches
     if q.llm:
@@ -258,7 +294,7 @@ def _offline_map_reduce(spark: SparkSession, questions: list[str], units: Units,
     for question, found, used_fallback in zip(questions, points, fallback):
         selected = select_points(found, q.reduce_tokens)
         answer = extractive_reduce(question, selected, q.max_answer_points, used_fallback,
-                                   "community reports" if units.kind == "Reports" else "source texts")
+                                   units.described_as)
         answers.append(MapReduceAnswer(answer, found, selected))
     return answers
 
@@ -270,7 +306,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     share = 1.0 / partitions_for(spark, len(pairs))
 
     def call_map(pairs_part, shared):
-        prompts = [map_prompt.render(question=questions[qi], context_data=map_context(shared[bi], units)) for qi, bi in pairs_part]
+        prompts = [render_map_prompt(map_prompt, questions[qi], shared[bi], units) for qi, bi in pairs_part]
         return chat_calls(prompts, chat, share, stage="global_map", max_tokens=q.map_max_tokens, json_mode=True,
                           prompt_version=map_prompt.version)
 
@@ -289,8 +325,8 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     for answer in answers:
         answer.selected = select_points(answer.points, q.reduce_tokens)
     to_reduce = [i for i, answer in enumerate(answers) if answer.selected]
-    prompts = [reduce_prompt.render(question=questions[i], report_data=reduce_context(answers[i].selected),
-                                    response_type=q.response_type) for i in to_reduce]
+    prompts = [render_reduce_prompt(reduce_prompt, questions[i], answers[i].selected, units, q.response_type)
+               for i in to_reduce]
     reduced = chat_in_executors(spark, prompts, chat, stage="global_reduce", max_tokens=q.answer_max_tokens,
                                 prompt_version=reduce_prompt.version)
     for i, result in zip(to_reduce, reduced):
@@ -352,7 +388,7 @@ def global_search(spark: SparkSession, reports: DataFrame, questions: list[str],
     started = time.perf_counter()
     items = load_level_reports(spark, reports, cfg.query.level if level is None else level)
     used_level = items[0]["level"] if items else level
-    units = Units("Reports", "community", ("title", "text"), items, rating_fallback=True)
+    units = report_units(items)
     answers = map_reduce(spark, questions, units, cfg)
     context = pd.DataFrame([{"community": r["community"], "title": r["title"], "level": r["level"], "rating": r["rating"],
                              "tokens": r["n_tokens"]} for r in items],

@@ -23,10 +23,15 @@ def load_text_units(text_units: DataFrame) -> list[dict]:
             for i, r in enumerate(rows, 1)]
 
 
+def source_units(items: list[dict]) -> Units:
+    """TS: text units, shown and cited as ``Sources``."""
+    return Units("Sources", "short_id", ("text",), items, described_as="source text passages")
+
+
 def text_summary_search(spark: SparkSession, text_units: DataFrame, questions: list[str], cfg: Config) -> list[SearchResult]:
     started = time.perf_counter()
     items = load_text_units(text_units)
-    units = Units("Sources", "short_id", ("text",), items)
+    units = source_units(items)
     answers = map_reduce(spark, questions, units, cfg)
     context = pd.DataFrame([{"short_id": u["short_id"], "id": u["id"], "document_id": u["document_id"], "tokens": u["n_tokens"]}
                             for u in items], columns=["short_id", "id", "document_id", "tokens"])
