@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     # Imported after parsing, so --help and argument mistakes cost no Spark import.
     from graphrag_spark.index.pipeline import estimate_extraction, run_index
+    from graphrag_spark.progress import console_progress
     from graphrag_spark.session import build_spark
 
     with user_errors():
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
             for key, value in estimate_extraction(spark, cfg).items():
                 print(f"{key:<30} {value}")
             return
-        summary = run_index(spark, cfg)
+        with console_progress(spark):
+            summary = run_index(spark, cfg)
         print(summary.render())
 
 

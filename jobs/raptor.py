@@ -25,12 +25,16 @@ def build_parser():
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     # Imported after parsing, so --help and argument mistakes cost no Spark import.
+    from graphrag_spark.progress import console_progress, stage
     from graphrag_spark.raptor.build import build_raptor
     from graphrag_spark.session import build_spark
 
     with user_errors():
         cfg = job_config(args)
-        print(build_raptor(build_spark(cfg.spark, master=args.master), cfg).render())
+        spark = build_spark(cfg.spark, master=args.master)
+        with console_progress(spark), stage("raptor tree"):
+            built = build_raptor(spark, cfg)
+        print(built.render())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession, Window
 from pyspark.sql import functions as F
 
+from graphrag_spark import progress
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
@@ -33,7 +34,8 @@ class RunSummary:
     @contextmanager
     def stage(self, name: str):
         started = time.perf_counter()
-        yield
+        with progress.stage(name):
+            yield
         self.seconds[name] = round(time.perf_counter() - started, 2)
 
     def render(self) -> str:

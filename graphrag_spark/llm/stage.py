@@ -34,6 +34,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import CallResult, LlmClient, run_items
+from graphrag_spark.progress import llm_meter
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
 
@@ -123,6 +124,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     parallelism = spark.sparkContext.defaultParallelism
     safe_fn = _safe(work_fn)
     model_name = model.model
+    meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
+    tally = meter.tally
 
     for start in range(0, n_pending, llm.items_per_commit):
         batch_keys = pending_keys[start:start + llm.items_per_commit]
@@ -134,10 +137,12 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             for frame in frames:
                 records = frame.to_dict("records")
                 works = run_items(records, safe_fn, model, share)
+                tally.add(works)
                 yield _work_rows(run_id, stage, model_name, frame["item_key"].tolist(), frame["item_id"].tolist(), works)
 
         results = wave.repartition(n_tasks).mapInPandas(call_partition, T.SCHEMAS[T.LLM_RESULTS])
         store.write(results, T.LLM_RESULTS, mode="append")
+        meter.committed(len(batch_keys))
 
     # Only this call's pending keys: a stage that runs more than once in a run (reports, per level)
     # must not count again the calls an earlier pass made for items that are cache hits now.

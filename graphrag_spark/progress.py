@@ -1,0 +1,255 @@
+"""One progress line per stage on the console: live in place on a terminal, periodic lines in a log.
+
+The line shows the stage, its elapsed time, Spark's tasks done/total (from the status tracker) and,
+for an LLM stage, items done/total, calls, 429s, tokens, cost so far and an ETA. LLM figures come
+from a ``LlmMeter``: tasks add each finished partition's figures to a Spark accumulator, which the
+driver reads as tasks complete. On Spark Connect (no status tracker, no accumulators) the line
+shows elapsed time and the LLM items committed batch by batch.
+
+Jobs open a ``console_progress(spark)``; library code reports through ``stage()`` and
+``llm_meter()``, which do nothing when no progress is open (tests, notebooks, the query API).
+
+``GRAPHRAG_SPARK_PROGRESS``: ``tty`` (redraw in place), ``log`` (a line every
+``GRAPHRAG_SPARK_PROGRESS_EVERY_S`` seconds, default 30) or ``off``; unset = ``tty`` when stderr
+is a terminal, else ``log``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Iterable, Iterator
+
+from pyspark.accumulators import AccumulatorParam
+
+from graphrag_spark.compat import is_connect
+
+# Accumulated per LLM stage, in this order.
+_FIELDS = ("items", "calls", "n_429", "prompt_tokens", "completion_tokens")
+
+
+@dataclass
+class LlmCounts:
+    items_done: int = 0
+    items_total: int = 0
+    calls: int = 0
+    n_429: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def eta_seconds(done: int, total: int, elapsed_s: float) -> float | None:
+    """Time left at the rate so far; None until there is a rate."""
+    if done <= 0 or elapsed_s <= 0 or total <= done:
+        return None if total > done else 0.0
+    return (total - done) * elapsed_s / done
+
+
+def format_line(stage: str, elapsed_s: float, tasks: tuple[int, int] | None = None,
+                llm: LlmCounts | None = None, llm_elapsed_s: float | None = None) -> str:
+    """The progress line: pure, so its content is tested without Spark."""
+    parts = [f"[{stage}]", format_duration(elapsed_s)]
+    if llm is not None:
+        parts.append(f"items {llm.items_done:,}/{llm.items_total:,}")
+        parts.append(f"calls {llm.calls:,}")
+        parts.append(f"429s {llm.n_429:,}")
+        parts.append(f"tokens {llm.prompt_tokens + llm.completion_tokens:,}")
+        parts.append(f"${llm.cost_usd:.4f}")
+        eta = eta_seconds(llm.items_done, llm.items_total, llm_elapsed_s if llm_elapsed_s is not None else elapsed_s)
+        parts.append(f"ETA {format_duration(eta) if eta is not None else '?'}")
+    if tasks is not None and tasks[1]:
+        parts.append(f"spark tasks {tasks[0]:,}/{tasks[1]:,}")
+    return "  ".join(parts)
+
+
+class _CountsParam(AccumulatorParam):
+    def zero(self, value):
+        return [0] * len(_FIELDS)
+
+    def addInPlace(self, value1, value2):
+        return [a + b for a, b in zip(value1, value2)]
+
+
+class LlmTally:
+    """The executor-side half of a meter: picklable, holds only the accumulator (None on Connect)."""
+
+    def __init__(self, accumulator):
+        self._accumulator = accumulator
+
+    def add(self, works: Iterable) -> None:
+        """Count one partition's finished items (``LlmWork`` objects with their ``calls``)."""
+        if self._accumulator is None:
+            return
+        totals = [0] * len(_FIELDS)
+        for work in works:
+            totals[0] += 1
+            for call in work.calls:
+                totals[1] += 1
+                totals[2] += call.n_429
+                totals[3] += call.prompt_tokens
+                totals[4] += call.completion_tokens
+        self._accumulator.add(totals)
+
+
+class LlmMeter:
+    """The driver-side half: totals, prices and what the tally has reported so far."""
+
+    def __init__(self, spark, stage: str, total: int, price_per_1k_prompt: float, price_per_1k_completion: float,
+                 live: bool = True):
+        self.stage = stage
+        self.total = total
+        self.started = time.perf_counter()
+        self._prices = (price_per_1k_prompt, price_per_1k_completion)
+        self._committed = 0
+        accumulator = (spark.sparkContext.accumulator([0] * len(_FIELDS), _CountsParam())
+                       if live and not is_connect(spark) else None)
+        self._accumulator = accumulator
+        self.tally = LlmTally(accumulator)
+
+    def committed(self, items: int) -> None:
+        """A batch of ``items`` was written (the only figure Spark Connect gives the driver)."""
+        self._committed += items
+
+    def counts(self) -> LlmCounts:
+        values = self._accumulator.value if self._accumulator is not None else [0] * len(_FIELDS)
+        figures = dict(zip(_FIELDS, values))
+        cost = (figures["prompt_tokens"] / 1000 * self._prices[0]
+                + figures["completion_tokens"] / 1000 * self._prices[1])
+        return LlmCounts(items_done=min(self.total, max(figures["items"], self._committed)), items_total=self.total,
+                         calls=figures["calls"], n_429=figures["n_429"], prompt_tokens=figures["prompt_tokens"],
+                         completion_tokens=figures["completion_tokens"], cost_usd=cost)
+
+
+class ConsoleProgress:
+    def __init__(self, spark, stream: IO[str], mode: str, every_s: float):
+        self._spark = spark
+        self._stream = stream
+        self._tty = mode == "tty"
+        self._every_s = 0.5 if self._tty else every_s
+        self._tracker = None if is_connect(spark) else spark.sparkContext.statusTracker()
+        self._lock = threading.Lock()
+        self._stage: str | None = None
+        self._stage_started = 0.0
+        self._meter: LlmMeter | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="graphrag-progress", daemon=True)
+        self._width = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _tasks(self) -> tuple[int, int] | None:
+        if self._tracker is None:
+            return None
+        done = total = 0
+        for stage_id in self._tracker.getActiveStageIds():
+            info = self._tracker.getStageInfo(stage_id)
+            if info is not None:
+                done += info.numCompletedTasks
+                total += info.numTasks
+        return done, total
+
+    def _line(self) -> str | None:
+        with self._lock:
+            if self._stage is None:
+                return None
+            meter = self._meter
+            now = time.perf_counter()
+            label = self._stage if meter is None or meter.stage == self._stage else f"{self._stage}: {meter.stage}"
+            return format_line(label, now - self._stage_started, self._tasks(),
+                               meter.counts() if meter else None, now - meter.started if meter else None)
+
+    def _write(self, line: str, final: bool) -> None:
+        if self._tty:
+            padding = " " * max(0, self._width - len(line))
+            self._width = 0 if final else len(line)
+            self._stream.write("\r" + line + padding + ("\n" if final else ""))
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            line = self._line()
+            if line is not None:
+                self._write(line, final=False)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self._stage, self._stage_started, self._meter = name, time.perf_counter(), None
+        try:
+            yield
+        finally:
+            line = self._line()
+            with self._lock:
+                self._stage, self._meter = None, None
+            if line is not None:
+                self._write(line.replace("]", "] done", 1), final=True)
+
+    def track(self, meter: LlmMeter) -> None:
+        with self._lock:
+            self._meter = meter
+
+
+_active: ConsoleProgress | None = None
+
+
+def progress_mode(stream: IO[str]) -> str:
+    mode = os.environ.get("GRAPHRAG_SPARK_PROGRESS", "").lower()
+    if mode in ("tty", "log", "off"):
+        return mode
+    return "tty" if stream.isatty() else "log"
+
+
+@contextmanager
+def console_progress(spark, stream: IO[str] | None = None) -> Iterator[None]:
+    """Show progress lines on ``stream`` (stderr) while the block runs."""
+    global _active
+    stream = stream or sys.stderr
+    mode = progress_mode(stream)
+    if mode == "off":
+        yield
+        return
+    progress = ConsoleProgress(spark, stream, mode, float(os.environ.get("GRAPHRAG_SPARK_PROGRESS_EVERY_S", "30")))
+    _active = progress
+    progress.start()
+    try:
+        yield
+    finally:
+        progress.close()
+        _active = None
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Mark a stage of the running job (no-op without an open console_progress)."""
+    if _active is None:
+        yield
+        return
+    with _active.stage(name):
+        yield
+
+
+def llm_meter(spark, stage_name: str, total: int, price_per_1k_prompt: float = 0.0,
+              price_per_1k_completion: float = 0.0) -> LlmMeter:
+    """A meter for an LLM stage's ``total`` pending items; shown on the open progress line, if any."""
+    meter = LlmMeter(spark, stage_name, total, price_per_1k_prompt, price_per_1k_completion, live=_active is not None)
+    if _active is not None:
+        _active.track(meter)
+    return meter

@@ -1,0 +1,61 @@
+"""The console progress line: its content, ETA, and a live LLM stage feeding it through the local server."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from graphrag_spark import progress
+from graphrag_spark.progress import LlmCounts, eta_seconds, format_line
+
+
+def test_llm_line_shows_items_calls_429s_tokens_cost_and_eta():
+    counts = LlmCounts(items_done=30, items_total=120, calls=41, n_429=3, prompt_tokens=90_000,
+                       completion_tokens=12_345, cost_usd=0.0209)
+    line = format_line("extraction: extract", 75, tasks=(2, 8), llm=counts, llm_elapsed_s=60)
+    assert line == ("[extraction: extract]  1:15  items 30/120  calls 41  429s 3  tokens 102,345  $0.0209  "
+                    "ETA 3:00  spark tasks 2/8")
+
+
+def test_eta_waits_for_a_rate_and_ends_at_zero():
+    assert eta_seconds(0, 10, 5.0) is None
+    assert eta_seconds(5, 10, 5.0) == 5.0
+    assert eta_seconds(10, 10, 5.0) == 0.0
+    assert format_line("graph", 3725) == "[graph]  1:02:05"
+
+
+def test_without_an_open_progress_stages_print_nothing(capsys):
+    with progress.stage("documents"):
+        pass
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.spark
+def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_config, monkeypatch):
+    from graphrag_spark import tables as T
+    from graphrag_spark.llm.server import start_server
+    from graphrag_spark.llm.stage import LlmWork, new_run_id, run_llm_stage
+
+    monkeypatch.setenv("GRAPHRAG_SPARK_PROGRESS", "log")
+    monkeypatch.setenv("GRAPHRAG_SPARK_PROGRESS_EVERY_S", "0.2")
+    out = io.StringIO()
+    with start_server(seed=3, latency_s=0.3) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "llm.items_per_commit=3", "llm.chat.price_per_1k_prompt=0.5")
+
+        async def echo(client, item: dict) -> LlmWork:
+            call = await client.chat([{"role": "user", "content": f"Say something about {item['payload']}."}],
+                                     max_tokens=20, item_id=item["item_id"], stage="echo", prompt_version="v1")
+            return LlmWork(call.text, [call], call.error)
+
+        items = spark.createDataFrame([(f"i{i}", f"fruit {i}") for i in range(6)], "item_id string, payload string")
+        with progress.console_progress(spark, out), progress.stage("reports"):
+            _, usage = run_llm_stage(spark, T.TableStore(spark, cfg.storage), cfg.llm, cfg.llm.chat, "echo", items,
+                                     echo, new_run_id(), "v1", {})
+    lines = out.getvalue().splitlines()
+    final = lines[-1]
+    assert final.startswith("[reports: echo] done")
+    assert f"items 6/6  calls 6  429s 0  tokens {usage.prompt_tokens + usage.completion_tokens:,}" in final
+    assert f"${usage.prompt_tokens / 1000 * 0.5:.4f}" in final and "ETA 0:00" in final
+    assert any("items 3/6" in line for line in lines[:-1]), lines  # a line while the second batch ran
