@@ -89,6 +89,9 @@ class GraphConfig(_Section):
     largest_component_only: bool = Field(
         False, description="Cluster only the largest connected component; excluded nodes are counted in the run summary."
     )
+    max_description_tokens: int = Field(
+        4000, gt=0, description="A node's or edge's distinct instance descriptions are kept whole, most frequent first, then in source order, while they fit this many tokens (the input of its LLM summary)."
+    )
 
 
 class CommunitiesConfig(_Section):

@@ -26,6 +26,7 @@ from graphrag_spark.config import ExtractionConfig
 from graphrag_spark.ids import normalize_name
 from graphrag_spark.llm.client import CallResult, LlmClient
 from graphrag_spark.prompts import Prompt, load_prompt
+from graphrag_spark.index.graph import keep_within_budget
 from graphrag_spark.tokens import get_encoding
 
 TUPLE_DELIM = "<|>"
@@ -359,21 +360,15 @@ async def summarize_descriptions(
 ) -> tuple[str, CallResult]:
     """One description merged from an entity's (or relationship's) instance descriptions.
 
-    Descriptions are de-duplicated and sorted (a stable prompt = a stable cache key) and kept
-    while they fit ``max_input_tokens``: hub entities seen in thousands of chunks would
-    otherwise overflow the context. If the call fails, the joined descriptions are returned
-    as the text, so the graph keeps every fact; the CallResult's error marks the failure.
+    The descriptions are taken in the caller's order (most frequent first, then source order),
+    exact repeats dropped, and kept whole while they fit ``max_input_tokens``: hub entities seen
+    in thousands of chunks would otherwise overflow the context. If the call fails, the kept
+    descriptions joined are returned as the text, so the graph keeps every fact; the
+    CallResult's error marks the failure.
     """
     prompt = prompt or load_prompt("summarize_descriptions")
-    encoding = get_encoding("cl100k_base")
-    kept: list[str] = []
-    budget = max_input_tokens
-    for description in sorted({d.strip() for d in descriptions if d and d.strip()}):
-        cost = len(encoding.encode(description, disallowed_special=()))
-        if kept and cost > budget:
-            break
-        kept.append(description)
-        budget -= cost
+    distinct = list(dict.fromkeys(d.strip() for d in descriptions if d and d.strip()))
+    kept = keep_within_budget(distinct, max_input_tokens)
     rendered = prompt.render(
         entity_name=name, description_list="\n".join(f"- {d}" for d in kept), max_words=max(1, int(max_tokens * 0.75))
     )
@@ -384,5 +379,5 @@ async def summarize_descriptions(
         stage="summarize_descriptions",
         prompt_version=prompt.version,
     )
-    text = call.text.strip() if call.ok and call.text.strip() else " ".join(kept)
+    text = call.text.strip() if call.ok and call.text.strip() else "\n".join(kept)
     return text, call

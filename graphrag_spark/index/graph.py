@@ -10,8 +10,12 @@
 - Everything runs in Spark SQL except name keys of non-ASCII names (Python
   ``normalize_name``); ids are ``content_id`` computed with ``sha2``; no step moves all rows
   into one task.
-Descriptions are the distinct instance descriptions, most frequent first; the LLM method
-later replaces multi-description ones with one LLM summary.
+Descriptions: ``descriptions`` is the list of an element's distinct instance descriptions, most
+frequent first, then in source order (document, chunk), kept while they fit
+``graph.max_description_tokens``; every description is kept whole (never split into lines, never
+re-sorted). ``description`` is that one description or, for several, their newline-joined text,
+which nothing parses back: the LLM method later replaces the elements with two or more
+distinct descriptions by one LLM summary, given the list itself.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from graphrag_spark.config import GraphConfig
 from graphrag_spark.ids import content_id, normalize_name
+from graphrag_spark.tokens import count_tokens
 
-_MAX_DESCRIPTIONS = 5
 _ID_LENGTH = len(content_id())
 # The ASCII characters Python's ``str.isspace`` (and so ``re``'s ``\s``) accepts; Java's ``\s`` lacks \x1C-\x1F.
 _ASCII_SPACE = "\\t\\n\\x0B\\f\\r\\x1C-\\x1F "
@@ -93,42 +97,91 @@ def _ranks(df: DataFrame, group: str, within: list[Column]) -> DataFrame:
             .drop("_offset"))
 
 
-def _top_descriptions(count: Column) -> Column:
-    """Aggregate over rows of distinct descriptions with their ``count``: the non-empty ones,
-    most frequent first (ties by text), at most 5, newline-joined; null if there are none."""
-    described = F.col("description").isNotNull() & (F.length("description") > 0)
-    ranked = F.sort_array(F.collect_set(F.when(described, F.struct((-count).alias("rank"), F.col("description")))))
-    top = F.slice(ranked, 1, _MAX_DESCRIPTIONS)
-    return F.when(F.size(top) > 0, F.array_join(top.getField("description"), "\n"))
+def _source_positions(instances: DataFrame, text_units: DataFrame | None) -> DataFrame:
+    """Adds ``position``: where an instance appears in the corpus (document, then chunk), as a
+    sortable string; without the text units, the text unit id (deterministic, not source order)."""
+    if text_units is None:
+        return instances.withColumn("position", F.col("text_unit_id"))
+    units = text_units.select(F.col("id").alias("text_unit_id"),
+                              F.concat(F.col("document_id"), F.lit(":"),
+                                       F.lpad(F.col("chunk_index").cast("string"), 10, "0")).alias("position"))
+    return instances.join(units, "text_unit_id", "left").withColumn("position", F.coalesce("position", "text_unit_id"))
 
 
-def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1) -> DataFrame:
-    """Entity nodes without degree columns (added by ``add_degrees``).
+def _ordered_descriptions(count: Column, position: Column) -> Column:
+    """Aggregate over rows of distinct descriptions with their ``count`` and first ``position``: every
+    non-empty one, most frequent first, then in source order (then by text, for a stable order)."""
+    described = F.col("description").isNotNull() & (F.length(F.trim("description")) > 0)
+    ranked = F.sort_array(F.collect_set(F.when(described, F.struct((-count).alias("rank"), position.alias("position"),
+                                                                   F.col("description")))))
+    return ranked.getField("description")
+
+
+def keep_within_budget(descriptions: list[str], max_tokens: int) -> list[str]:
+    """The longest prefix of ``descriptions`` within ``max_tokens`` (cl100k), at least the first one:
+    the order is meaningful, so a description that does not fit ends the list."""
+    kept, budget = [], max_tokens
+    for description in descriptions:
+        cost = count_tokens(description)
+        if kept and cost > budget:
+            break
+        kept.append(description)
+        budget -= cost
+    return kept
+
+
+def _with_description_budget(frame: DataFrame, max_tokens: int) -> DataFrame:
+    """``descriptions`` cut to ``max_tokens`` and ``description`` joined from it.
+
+    A cl100k token is at least one UTF-8 byte, so lists within ``max_tokens`` bytes fit and stay
+    in Spark SQL; only the longer ones (hub elements) cross into Python to be counted exactly.
+    """
+    fits = F.coalesce(F.aggregate("descriptions", F.lit(0), lambda acc, d: acc + F.octet_length(d)), F.lit(0)) <= max_tokens
+
+    def cut(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            batch["descriptions"] = [keep_within_budget(list(d), max_tokens) for d in batch["descriptions"]]
+            yield batch
+
+    in_sql = frame.where(fits)
+    in_python = frame.where(~fits).mapInPandas(cut, frame.schema)
+    joined = F.when(F.size("descriptions") > 0, F.array_join("descriptions", "\n"))
+    return in_sql.unionByName(in_python).withColumn("description", joined)
+
+
+def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1,
+                   text_units: DataFrame | None = None) -> DataFrame:
+    """Entity nodes without degree columns (added by ``add_degrees``); ``descriptions`` in source
+    order needs ``text_units`` (see the module docstring).
 
     One pass over the instances: counted per (title, type, description), then moved once to
     their title's partition, where type and description totals are windows and the node is one
-    aggregation (no further shuffle, no joins).
+    aggregation (no further shuffle, no joins besides the text units' positions).
     """
     keyed = (_with_name_keys(instances.select("name", "type", "text_unit_id", "description"), {"title": "name"},
                              cfg.name_matching).where(F.length("title") > 0))
-    counted = (keyed.groupBy("title", "type", "description")
-               .agg(F.count(F.lit(1)).alias("n"), F.collect_set("text_unit_id").alias("text_unit_ids"))
+    by_description = Window.partitionBy("title", "description")
+    counted = (_source_positions(keyed, text_units).groupBy("title", "type", "description")
+               .agg(F.count(F.lit(1)).alias("n"), F.collect_set("text_unit_id").alias("text_unit_ids"),
+                    F.min("position").alias("position"))
                .repartition("title")
                .withColumn("type_count", F.sum("n").over(Window.partitionBy("title", "type")))
-               .withColumn("description_count", F.sum("n").over(Window.partitionBy("title", "description"))))
+               .withColumn("description_count", F.sum("n").over(by_description))
+               .withColumn("first_position", F.min("position").over(by_description)))
     nodes = counted.groupBy("title").agg(
         # The most frequent type, ties to the first by name (a null type sorts first, as it did).
         F.sort_array(F.collect_set(F.struct((-F.col("type_count")).alias("rank"), F.col("type"))))[0]["type"].alias("type"),
         F.sort_array(F.collect_set("type")).alias("type_variants"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
-        _top_descriptions(F.col("description_count")).alias("description"))
-    return (nodes.withColumn("frequency", F.size("text_unit_ids").cast("long"))
-            .where(F.col("frequency") >= min_mentions)
-            .withColumn("id", _content_id("title")))
+        _ordered_descriptions(F.col("description_count"), F.col("first_position")).alias("descriptions"))
+    nodes = nodes.withColumn("frequency", F.size("text_unit_ids").cast("long")).where(F.col("frequency") >= min_mentions)
+    return _with_description_budget(nodes, cfg.max_description_tokens).withColumn("id", _content_id("title"))
 
 
-def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphConfig) -> DataFrame:
-    """Undirected weighted edges between existing entity titles (without degree columns).
+def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphConfig,
+                        text_units: DataFrame | None = None) -> DataFrame:
+    """Undirected weighted edges between existing entity titles (without degree columns);
+    ``descriptions`` as for ``build_entities``.
 
     One pass over the instances: aggregated per (edge, description), then per edge.
     """
@@ -138,12 +191,14 @@ def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphCon
              .select(F.least("a", "b").alias("source"), F.greatest("a", "b").alias("target"),
                      "text_unit_id", "description", "strength"))
     weight = F.count(F.lit(1)) if cfg.edge_weight == "count" else F.sum(F.coalesce("strength", F.lit(1.0)))
-    counted = keyed.groupBy("source", "target", "description").agg(
-        F.count(F.lit(1)).alias("n"), weight.alias("weight"), F.collect_set("text_unit_id").alias("text_unit_ids"))
+    counted = _source_positions(keyed, text_units).groupBy("source", "target", "description").agg(
+        F.count(F.lit(1)).alias("n"), weight.alias("weight"), F.collect_set("text_unit_id").alias("text_unit_ids"),
+        F.min("position").alias("position"))
     edges = counted.groupBy("source", "target").agg(
         F.sum("weight").cast("double").alias("weight"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
-        _top_descriptions(F.col("n")).alias("description"))
+        _ordered_descriptions(F.col("n"), F.col("position")).alias("descriptions"))
+    edges = _with_description_budget(edges, cfg.max_description_tokens)
     # Unknown endpoints are dropped after the aggregation (the same edges, fewer rows to shuffle);
     # target first, so the edges leave partitioned by source, as ``add_degrees`` joins them.
     titles = entities.select("title")

@@ -87,8 +87,9 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
 
     with summary.stage("graph"):
         min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
-        nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions).persist()
-        relationships = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
+        text_units = store.read(T.TEXT_UNITS)
+        nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
+        relationships = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units)
         entities, relationships = graph.add_degrees(nodes, relationships)
         store.write(entities, T.ENTITIES)
         store.write(relationships, T.RELATIONSHIPS)

@@ -1,6 +1,11 @@
 """Description summarization (paper step 5): one LLM-written description per node and edge that was
-described differently in several chunks. Runs as cached, batched LLM stages (see llm.stage);
-a failed summary keeps the joined instance descriptions, so no fact is lost."""
+described differently in several chunks. Runs as cached LLM stages (see llm.stage); a failed
+summary keeps the joined instance descriptions, so no fact is lost.
+
+Only elements with two or more distinct descriptions are summarized; the summarizer gets the
+graph stage's description list itself (``graph.build_entities``: most frequent first, then in
+source order, within ``graph.max_description_tokens``), never a text split back into lines.
+"""
 
 from __future__ import annotations
 
@@ -11,28 +16,37 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config
+from graphrag_spark.index import graph
 from graphrag_spark.index.extract_llm import summarize_descriptions
 from graphrag_spark.llm.stage import LlmWork, StageUsage, run_llm_stage
 from graphrag_spark.prompts import load_prompt
 
 
-def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, table: str, name_col,
-               stage: str) -> tuple[DataFrame, StageUsage]:
+def summary_items(described: DataFrame, name_col) -> DataFrame:
+    """``(item_id, payload)`` for the elements with two or more distinct descriptions."""
+    return (described.where(F.size("descriptions") >= 2)
+            .select(F.col("id").alias("item_id"),
+                    F.to_json(F.struct(name_col.alias("name"), F.col("descriptions"))).alias("payload")))
+
+
+def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, table: str,
+               described: DataFrame, keys: list[str], name_col, stage: str) -> tuple[DataFrame, StageUsage]:
     prompt = load_prompt("summarize_descriptions")
     max_tokens = cfg.extraction.summary_max_tokens
+    max_input_tokens = cfg.graph.max_description_tokens
     current = store.read(table)
-    items = (current.where(F.col("description").contains("\n"))
-             .select(F.col("id").alias("item_id"),
-                     F.to_json(F.struct(name_col.alias("name"), F.split("description", "\n").alias("descriptions"))).alias("payload")))
+    items = summary_items(current.select("id", *keys).join(described.select(*keys, "descriptions"), keys), name_col)
 
     async def work(client, item: dict) -> LlmWork:
         payload = json.loads(item["payload"])
         text, call = await summarize_descriptions(client, payload["name"], payload["descriptions"], max_tokens,
-                                                  prompt=prompt, item_id=item["item_id"])
+                                                  prompt=prompt, max_input_tokens=max_input_tokens,
+                                                  item_id=item["item_id"])
         return LlmWork({"text": text}, [call], call.error)
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, stage, items, work, run_id, prompt.version,
-                                   {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
+                                   {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature,
+                                    "max_input_tokens": max_input_tokens})
     summaries = outcome.where(F.col("result").isNotNull()).select(
         F.col("item_id").alias("id"), F.get_json_object("result", "$.text").alias("summary"))
     updated = (current.join(summaries, "id", "left")
@@ -42,10 +56,17 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
 
 def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str) -> list[StageUsage]:
     """Rewrite multi-description entities and relationships with their LLM summaries."""
+    text_units = store.read(T.TEXT_UNITS)
+    described = {
+        T.ENTITIES: graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, 1, text_units),
+        T.RELATIONSHIPS: graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), store.read(T.ENTITIES),
+                                                   cfg.graph, text_units),
+    }
     usages = []
-    for table, name_col, stage in ((T.ENTITIES, F.col("title"), "summarize_entities"),
-                                   (T.RELATIONSHIPS, F.concat_ws(" -> ", "source", "target"), "summarize_relationships")):
-        updated, usage = _summarize(spark, store, cfg, run_id, table, name_col, stage)
+    for table, keys, name_col, stage in (
+            (T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
+            (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships")):
+        updated, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage)
         # Materialise before overwriting the table the plan reads from.
         updated = updated.localCheckpoint()
         store.write(updated, table)
