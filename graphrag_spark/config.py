@@ -152,6 +152,9 @@ class LlmModelConfig(_Section):
 
 class EmbeddingModelConfig(LlmModelConfig):
     model: str = Field("text-embedding-3-small", description="Embedding model or deployment name.")
+    dimensions: int | None = Field(
+        None, gt=0, description="Requested vector size (text-embedding-3 models can shorten their vectors); unset = the model's own."
+    )
 
 
 class LlmConfig(_Section):

@@ -45,6 +45,7 @@ LLM_RESULTS = "llm_results"
 LLM_USAGE = "llm_usage"
 TEXT_UNIT_EMBEDDINGS = "text_unit_embeddings"
 ENTITY_EMBEDDINGS = "entity_embeddings"
+EMBEDDING_CACHE = "embedding_cache"
 RAPTOR_NODES = "raptor_nodes"
 RAPTOR_EDGES = "raptor_edges"
 # Not an index table: the Delta table that `jobs/query.py --questions ... --output PATH` writes.
@@ -101,6 +102,10 @@ SCHEMAS: dict[str, StructType] = {
     # A null vector is an item whose embedding call failed (counted in the run summary).
     TEXT_UNIT_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
     ENTITY_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),
+    # Every vector an embeddings endpoint returned, keyed like llm_results by what determines it
+    # (model, requested dimensions, 0 = the model's own; sha256 of the text): never paid twice.
+    EMBEDDING_CACHE: _schema(("model", STR), ("dimensions", INT), ("text_hash", STR),
+                             ("vector", ArrayType(FloatType())), ("created_at", TimestampType())),
     # RAPTOR trees (one per corpus, or one per document: tree_id). Layer 0 = leaf chunks (chunk_id and
     # document_id set); layer n = summaries of clusters of the nodes below, their children in raptor_edges.
     # A failed summary is a row with status 'failed', its error, no text and no embedding.

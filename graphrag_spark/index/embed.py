@@ -6,6 +6,10 @@ batches of ``embeddings.batch_size``, each task throttled to its share of the jo
 and at most ``llm.items_per_commit`` rows per task, so a retried task repeats few calls. An item
 whose call finally failed is written with a null vector and counted; more failures than
 ``llm.max_failed_share`` fail the stage after the tables are written.
+
+Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, text hash):
+a text already embedded by the same model is never requested again, in this index or a
+rerun of it; a failed one is not cached, so the next run asks again.
 """
 
 from __future__ import annotations
@@ -53,6 +57,40 @@ def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
     return max(1, min(rows, max(spark.sparkContext.defaultParallelism, math.ceil(rows / rows_per_task))))
 
 
+def text_hash(text) -> F.Column:
+    """The cache key of a text: sha256 of it (a null text as the empty one), as Spark SQL."""
+    return F.substring(F.sha2(F.coalesce(text, F.lit("")), 256), 1, 32)
+
+
+def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int) -> tuple[DataFrame, int]:
+    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows and the number of texts sent to the model.
+
+    With the ``openai`` provider, only distinct texts missing from ``embedding_cache`` are
+    requested; their vectors are appended to it before the result is read from it. The offline
+    encoder is deterministic and free: it computes every row.
+    """
+    if cfg.embeddings.provider != "openai":
+        return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows
+    model, dimensions = cfg.llm.embedding.model, cfg.llm.embedding.dimensions or 0
+
+    def cached() -> DataFrame:
+        return (store.read_or_empty(T.EMBEDDING_CACHE)
+                .where((F.col("model") == model) & (F.col("dimensions") == dimensions)).select("text_hash", "vector"))
+
+    keyed = frame.select("id", "text", text_hash(F.col("text")).alias("text_hash"))
+    missing = (keyed.dropDuplicates(["text_hash"]).join(cached().select("text_hash"), "text_hash", "left_anti")
+               .select(F.col("text_hash").alias("id"), "text"))
+    n_missing = missing.count()
+    if n_missing:
+        fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit))
+        store.write(fresh.where(F.col("vector").isNotNull())
+                    .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
+                            F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
+                    T.EMBEDDING_CACHE, mode="append")
+    vectors = cached().dropDuplicates(["text_hash"])
+    return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
+
+
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config) -> dict[str, int]:
     """Write ``text_unit_embeddings`` and ``entity_embeddings``; returns counts for the run summary."""
     # An entity is matched on "TITLE: description" (concat_ws skips a missing description).
@@ -65,9 +103,11 @@ def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config) -> d
     failures = []
     for name, frame in inputs.items():
         rows = frame.count()
-        store.write(embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), name)
+        vectors, requested = embed_cached(spark, store, frame, cfg, rows)
+        store.write(vectors, name)
         failed = store.read(name).where(F.col("vector").isNull()).count()
         counts[f"{name} rows"] = rows
+        counts[f"{name} texts embedded"] = requested
         counts[f"{name} failed"] = failed
         if rows and failed / rows > cfg.llm.max_failed_share:
             failures.append(f"{failed} of {rows} rows of {name}")

@@ -250,11 +250,13 @@ class LlmClient:
 
     async def embed(self, texts: list[str], *, item_id: str | None = None) -> EmbedResult:
         """Embeddings of a batch of texts, in input order; never raises for API errors."""
-        key = cache_key(self.cfg.model, [{"role": "input", "content": t} for t in texts], {}, "")
+        dimensions = getattr(self.cfg, "dimensions", None)
+        extra = {"dimensions": dimensions} if dimensions else {}
+        key = cache_key(self.cfg.model, [{"role": "input", "content": t} for t in texts], extra, "")
         estimate = sum(count_tokens(t) for t in texts)
 
         async def call() -> Any:
-            return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float")
+            return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float", **extra)
 
         response, outcome = await self._with_retries(call, estimate, f"embed:{item_id}")
         result = EmbedResult(cache_key=key, **outcome)
