@@ -5,8 +5,8 @@
     graphrag-spark query "What are the main themes?"
 
 Every job command validates its arguments and config here (a mistake costs no JVM start), then
-runs ``spark-submit jobs/<job>.py`` with the Delta package, the project's Ivy cache and the
-driver memory of the config. ``spark-submit jobs/<job>.py`` by hand keeps working the same way.
+runs ``spark-submit jobs/<job>.py`` with Delta's JARs by path (resolved once into the project's
+cache) and the driver memory of the config. ``spark-submit jobs/<job>.py`` by hand keeps working the same way.
 Without ``--verbose`` the launcher's dependency resolution and Spark's start-up log are hidden.
 """
 
@@ -171,14 +171,15 @@ def spark_submit_binary() -> str:
 
 
 def submit_command(job: Job, job_args: list[str], config_path: str, overrides: list[str], verbose: bool) -> list[str]:
-    """spark-submit with what the JVM needs before the job starts: packages, Ivy cache, driver memory."""
-    from graphrag_spark.session import submit_packages
+    """spark-submit with what the JVM needs before the job starts: Delta's JARs by path, log level, driver memory."""
+    from graphrag_spark.session import local_jars
 
     cfg = load_config(config_path, overrides)
-    command = [spark_submit_binary(), "--packages", submit_packages(),
-               "--conf", f"spark.jars.ivy={Path(cfg.spark.ivy_cache).expanduser().resolve()}",
-               "--conf", f"spark.log.level={'INFO' if verbose else cfg.spark.log_level}",
-               "--driver-memory", cfg.spark.driver_memory]
+    command = [spark_submit_binary(), "--jars", ",".join(local_jars(cfg.spark)),
+               "--conf", f"spark.log.level={'INFO' if verbose else cfg.spark.log_level}"]
+    # The small-machine driver heap only for a local master, unless the config names one.
+    if not cfg.spark.master or cfg.spark.master.startswith("local") or "driver_memory" in cfg.spark.model_fields_set:
+        command += ["--driver-memory", cfg.spark.driver_memory]
     if cfg.spark.master:
         command += ["--master", cfg.spark.master]
     return command + [str(JOBS_DIR / job.script), *job_args]

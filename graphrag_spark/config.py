@@ -215,13 +215,24 @@ class PromptsConfig(_Section):
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
-    shuffle_partitions: int = Field(8, gt=0, description="spark.sql.shuffle.partitions (small machines want few).")
-    ivy_cache: str = Field(".cache/ivy", description="Where the Delta JARs from Maven Central are cached (fetched once per machine).")
-    driver_memory: str = Field("4g")
-    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = Field(
-        "ERROR", description="Spark's log level on the console; `graphrag-spark --verbose` sets INFO."
+    shuffle_partitions: int = Field(
+        8, gt=0, description="spark.sql.shuffle.partitions for a local master (small machines want few); on a cluster only when set explicitly."
     )
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+    ivy_cache: str = Field(".cache/ivy", description="Where the Delta JARs from Maven Central are resolved and cached (once per machine).")
+    maven_repository: str = Field(
+        "https://repo1.maven.org/maven2/", description="The one Maven repository JARs are resolved from (a mirror's URL where Central is blocked); ~/.m2 is never read."
+    )
+    packages: list[str] = Field(
+        default_factory=list, description="Extra Maven coordinates (group:artifact:version) resolved with Delta, e.g. GraphFrames where a repository serves it."
+    )
+    jars: list[str] = Field(default_factory=list, description="Extra local JAR files handed to Spark by path (e.g. a GraphFrames build).")
+    driver_memory: str = Field("4g", description="Driver heap for a local master; on a cluster only when set explicitly.")
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = Field(
+        "ERROR", description="Spark's log level on the console (local master, or any master when set explicitly); `graphrag-spark --verbose` sets INFO."
+    )
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark settings; anything spark-submit --conf or the cluster already set wins."
+    )
 
 
 class Config(_Section):

