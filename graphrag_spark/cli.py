@@ -27,9 +27,8 @@ from typing import IO
 from graphrag_spark.config import load_config
 from graphrag_spark.errors import UserError
 from graphrag_spark.prompts import DEFAULT_PROMPT_DIR
+from graphrag_spark.resources import JOBS_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-JOBS_DIR = REPO / "jobs"
 DEFAULT_SETTINGS = "settings.yaml"
 
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from graphrag_spark.errors import UserError
+from graphrag_spark.resources import CONF_DIR
 from graphrag_spark.prompts import use_prompt_dir
 
 
@@ -289,6 +290,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict = {}
     if path is not None:
         path = Path(path)
+        if not path.is_file() and path.parent.name == "conf" and (CONF_DIR / path.name).is_file():
+            path = CONF_DIR / path.name  # an installed wheel's default configs, outside a checkout
         if not path.is_file():
             raise UserError(f"Config file '{path}' does not exist; pass --config conf/local.yaml or another file in conf/.")
         try:

@@ -24,6 +24,7 @@ from xml.sax.saxutils import quoteattr
 from graphrag_spark.errors import UserError
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
+TESTED_DELTA_VERSION = "4.4.0"
 GRAPHFRAMES_CLASS = "org.graphframes.GraphFrame"
 DELTA_EXTENSION_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
 
@@ -41,11 +42,16 @@ def spark_home() -> Path:
 
 
 def delta_coordinate() -> str:
-    """The Delta artifact built for this pyspark's minor version, at the installed delta-spark version."""
+    """The Delta artifact built for this pyspark's minor version, at the installed delta-spark version
+    (or the tested one where only the cluster's Spark is installed)."""
     import pyspark
 
     spark_minor = ".".join(pyspark.__version__.split(".")[:2])
-    return f"io.delta:delta-spark_{spark_minor}_2.13:{importlib.metadata.version('delta_spark')}"
+    try:
+        version = importlib.metadata.version("delta_spark")
+    except importlib.metadata.PackageNotFoundError:
+        version = TESTED_DELTA_VERSION
+    return f"io.delta:delta-spark_{spark_minor}_2.13:{version}"
 
 
 def _spark_artifacts(home: Path) -> set[str]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphrag_spark.errors import UserError
+from graphrag_spark.resources import PROMPTS_DIR
 
-DEFAULT_PROMPT_DIR = Path(__file__).resolve().parent.parent / "prompts"
+DEFAULT_PROMPT_DIR = PROMPTS_DIR
 
 _configured_dir: Path | None = None
 

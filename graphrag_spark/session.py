@@ -152,8 +152,11 @@ def _package_zip(cache_dir: Path) -> str:
     target = cache_dir / "graphrag_spark.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(package_dir.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+        # followlinks: in a checkout, resources/ links to the repository's prompts/, conf/ and jobs/.
+        for folder, subfolders, files in sorted(os.walk(package_dir, followlinks=True)):
+            subfolders[:] = [name for name in subfolders if name != "__pycache__"]
+            for name in sorted(files):
+                path = Path(folder) / name
                 archive.write(path, path.relative_to(package_dir.parent))
     return str(target)
 
