@@ -2,8 +2,8 @@
 
 YAML files in ``conf/`` are loaded with ``${ENV_VAR}`` / ``${ENV_VAR:-default}``
 substitution, then ``--set section.key=value`` overrides from the command line.
-Secrets are never stored here: the config only names the environment variable
-that holds an API key, so a config dump cannot leak one.
+Secrets are never fields here: the config only names where an API key is (an
+environment variable, a file, a secret scope), so a config dump cannot leak one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from graphrag_spark.errors import UserError
 from graphrag_spark.resources import CONF_DIR
@@ -140,6 +140,20 @@ class LlmModelConfig(_Section):
     api_type: Literal["openai", "azure"] = Field("openai", description="`azure` uses the Azure OpenAI client.")
     api_version: str | None = Field(None, description="Azure API version.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Name of the environment variable holding the key (never the key).")
+    api_key_file: str | None = Field(None, description="A file holding the key (read on the driver); wins over api_key_env.")
+    api_key_secret: str | None = Field(
+        None, description="Databricks secret `scope/key` holding the key (read through dbutils on the driver); wins over the others."
+    )
+    # The key resolved on the driver (graphrag_spark.llm.secrets): pickled into task closures with
+    # this object, never part of a dump, a repr or an equality check.
+    _api_key: str | None = PrivateAttr(None)
+
+    def attach_api_key(self, key: str) -> None:
+        self._api_key = key
+
+    @property
+    def attached_api_key(self) -> str | None:
+        return self._api_key
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(4000, gt=0)
     requests_per_minute: int = Field(500, gt=0, description="Whole-job request budget, shared by concurrent tasks.")

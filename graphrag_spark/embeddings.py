@@ -228,5 +228,8 @@ def get_embedder(kind: str, llm_embedding: LlmModelConfig | None = None, batch_s
     if kind == "openai":
         if llm_embedding is None:
             raise UserError("embeddings.provider 'openai' needs the llm.embedding model section of the config.")
+        from graphrag_spark.llm.secrets import ensure_api_key
+
+        ensure_api_key(llm_embedding)
         return OpenAIEmbedder(llm_embedding, batch_size)
     raise UserError(f"Unknown embedder '{kind}'; use 'offline' or 'openai'.")

@@ -25,6 +25,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
+from graphrag_spark.llm.secrets import ensure_api_key
 
 
 def embedding_model_name(cfg: Config) -> str:
@@ -36,6 +37,8 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
     provider, batch_size = cfg.embeddings.provider, cfg.embeddings.batch_size
     llm_embedding, model_name = cfg.llm.embedding, embedding_model_name(cfg)
     share = 1.0 / partitions
+    if provider == "openai":
+        ensure_api_key(llm_embedding)
 
     def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         embedder = OpenAIEmbedder(llm_embedding, batch_size, share) if provider == "openai" else OfflineMiniLM()

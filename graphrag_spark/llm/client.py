@@ -146,7 +146,8 @@ def _is_local(api_base: str | None) -> bool:
 
 
 def _read_api_key(cfg: LlmModelConfig) -> str:
-    key = os.environ.get(cfg.api_key_env)
+    # In a task: the key the driver resolved and attached (graphrag_spark.llm.secrets).
+    key = cfg.attached_api_key or os.environ.get(cfg.api_key_env)
     if key:
         return key
     if _is_local(cfg.api_base):
@@ -166,6 +167,14 @@ def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenA
             )
         return openai.AsyncAzureOpenAI(azure_endpoint=cfg.api_base, api_version=cfg.api_version, **common)
     return openai.AsyncOpenAI(base_url=cfg.api_base, **common)
+
+
+def build_sync_client(cfg: LlmModelConfig, api_key: str, timeout_s: float) -> openai.OpenAI:
+    """A blocking client for one-off driver calls (the key preflight)."""
+    common = dict(api_key=api_key, max_retries=0, timeout=timeout_s)
+    if cfg.api_type == "azure":
+        return openai.AzureOpenAI(azure_endpoint=cfg.api_base, api_version=cfg.api_version, **common)
+    return openai.OpenAI(base_url=cfg.api_base, **common)
 
 
 def _is_retryable(exc: Exception) -> bool:

@@ -40,6 +40,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 import socket
 import struct
@@ -438,6 +439,7 @@ class Knobs:
     retry_after_s: float = 1.0
     malformed_rate: float = 0.0
     seed: int = 0
+    api_key: str | None = None  # when set, every request must carry "Authorization: Bearer <api_key>"
 
 
 class _State:
@@ -512,6 +514,7 @@ class _State:
                 "by_kind": dict(self.by_kind),
                 "injected": {name: c[f"injected.{name}"] for name in ("429", "500", "timeout", "malformed")},
                 "rate_limited": c["rate_limited"],
+                "unauthorized": c["unauthorized"],
                 "prompt_tokens": c["prompt_tokens"],
                 "completion_tokens": c["completion_tokens"],
                 "request_hashes": dict(self.request_hashes),
@@ -553,9 +556,22 @@ class _Handler(BaseHTTPRequestHandler):
         }
         self._send_error(429, "rate_limit_exceeded", message, headers)
 
+    def _authorized(self) -> bool:
+        """Like a real endpoint: a missing or wrong key is a 401 that never echoes what was sent."""
+        required = self.server.state.knobs.api_key
+        if required is None or self.headers.get("Authorization") == f"Bearer {required}":
+            return True
+        self.server.state.count("unauthorized")
+        self._send_error(401, "invalid_api_key", "Incorrect API key provided.")
+        return False
+
     def do_GET(self) -> None:
-        if self.path.rstrip("/").endswith("/stats"):
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path.endswith("/stats"):
             self._send_json(200, self.server.state.stats())
+        elif path.endswith("/models"):
+            if self._authorized():
+                self._send_json(200, {"object": "list", "data": [{"id": "local", "object": "model", "owned_by": "local"}]})
         else:
             self._send_error(404, "not_found", f"No route {self.path}")
 
@@ -572,6 +588,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if endpoint is None:
             self._send_error(404, "not_found", f"No route {self.path}")
+            return
+        if not self._authorized():
             return
         try:
             body = json.loads(raw or b"{}")
@@ -749,7 +767,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--malformed-rate", type=float, default=0.0, help="Share of answers truncated or garbled.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api-key-env", default=None,
+                        help="Require the key held in this environment variable (a key on the command line would show in ps).")
     args = vars(parser.parse_args(argv))
+    key_env = args.pop("api_key_env")
+    if key_env:
+        args["api_key"] = os.environ[key_env]
     handle = start_server(**args)
     print(handle.base_url, flush=True)
     try:

@@ -34,6 +34,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import CallResult, LlmClient, run_items
+from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.progress import llm_meter
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
@@ -120,6 +121,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     pending_keys = sorted(r.item_key for r in unique_items.join(done, "item_key", "left_anti").select("item_key").collect())
     n_items = unique_items.count()
     n_pending = len(pending_keys)
+    if n_pending:
+        ensure_api_key(model)  # the closure below carries the key; a bad one fails here, once
     # Task slots of the cluster: every task of a batch runs at once, so each gets 1/n of the budget.
     parallelism = spark.sparkContext.defaultParallelism
     safe_fn = _safe(work_fn)

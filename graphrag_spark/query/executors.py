@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch
+from graphrag_spark.llm.secrets import ensure_api_key
 
 
 def partitions_for(spark: SparkSession, payloads: int) -> int:
@@ -52,6 +53,7 @@ def decode_call(encoded: str) -> CallResult:
 def chat_in_executors(spark: SparkSession, prompts: list[str], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
                       json_mode: bool = False, prompt_version: str = "") -> list[CallResult]:
     """Prompts rendered on the driver, called in executors."""
+    ensure_api_key(cfg)
     share = 1.0 / partitions_for(spark, len(prompts))
     encoded = run_in_executors(spark, prompts, lambda batch: chat_calls(
         batch, cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode, prompt_version=prompt_version))
