@@ -187,7 +187,7 @@ class EmbeddingsConfig(_Section):
     provider: Literal["offline", "openai"] = Field(
         "offline", description="`offline` = bundled all-MiniLM-L6-v2 run in numpy (384-d, no download; reads the first 256 word pieces of a text); `openai` = llm.embedding through the project client."
     )
-    batch_size: int = Field(64, gt=0, description="Texts per embeddings request (openai) or per encoder call (offline).")
+    batch_size: int = Field(64, gt=0, description="Texts per embeddings request (openai). The offline model embeds each Arrow batch of a task in one call, sorted by length into token-budget batches.")
 
 
 class RaptorConfig(_Section):

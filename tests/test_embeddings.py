@@ -1,11 +1,13 @@
 """The offline all-MiniLM-L6-v2 embedder (numpy BERT over the bundled weights)."""
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.special import erf
 
-from graphrag_spark.embeddings import OfflineMiniLM, get_embedder
+from graphrag_spark.embeddings import OfflineMiniLM, _gelu_, get_embedder
 from graphrag_spark.errors import UserError
 
 pytest.importorskip(
@@ -31,6 +33,23 @@ def test_matches_the_reference_model(model):
     # as pinned in qdrant/fastembed tests/test_text_onnx_embeddings.py (CANONICAL_VECTOR_VALUES).
     vec = model.embed(["hello world"])[0]
     np.testing.assert_allclose(vec[:5], [-0.034478, 0.03102, 0.00673, 0.02611, -0.039362], atol=1e-4)
+
+
+def test_vectors_match_the_previous_encoders_fixture(model):
+    # Vectors computed by the first (scipy-erf, unfused) numpy encoder: two 256-piece War and Peace
+    # chunks, shorter excerpts, accented French and Russian names, an entity text, an empty text.
+    reference = np.load(Path(__file__).parent / "fixtures" / "minilm_reference.npz")
+    texts, expected = reference["texts"].tolist(), reference["vectors"]
+    batched = model.embed(texts)
+    alone = np.vstack([model.embed([text]) for text in texts])
+    for vectors in (batched, alone):
+        assert np.min(np.sum(vectors * expected, axis=1)) >= 1 - 1e-4
+
+
+def test_gelu_is_the_exact_erf_gelu():
+    x = np.linspace(-12, 12, 200_001, dtype=np.float32)  # more than one block, both tails
+    expected = 0.5 * x.astype(np.float64) * (1 + erf(x.astype(np.float64) / np.sqrt(2)))
+    np.testing.assert_allclose(_gelu_(x.copy()), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_same_text_same_vector_alone_or_padded_in_a_batch(model):
