@@ -124,6 +124,7 @@ class QueryConfig(_Section):
     context_tokens: int = Field(8000, gt=0, description="Context budget of basic (SS) and local search answers (paper: the same 8k in every condition).")
     basic_top_k: int = Field(100, gt=0, description="Basic search (SS): most similar text units considered before filling the context budget.")
     local_top_k_entities: int = Field(10, gt=0, description="Local search: entities matched to the question by embedding.")
+    driver_vector_rows: int = Field(200_000, ge=0, description="Vector tables up to this many rows are loaded into driver memory (~1.5 KB per 384-d row) and searched there; larger ones are searched in executors, one table scan per batch of questions, never collected.")
     local_text_unit_prop: float = Field(0.5, ge=0, le=1, description="Local search: share of the context for source text units.")
     local_community_prop: float = Field(0.15, ge=0, le=1, description="Local search: share for community reports; the rest goes to entities, relationships and claims.")
 

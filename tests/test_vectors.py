@@ -78,3 +78,51 @@ def test_wrong_query_dimension_is_rejected(data):
     matrix, _ = data
     with pytest.raises(ValueError, match="24 columns"):
         VectorIndex.from_arrays(np.arange(len(matrix)), matrix).search(np.ones(10), 3)
+
+
+def _arrow_batches(ids, matrix, sizes):
+    """(id, vector) Arrow batches of the given row counts, as a task receives them."""
+    import pyarrow as pa
+
+    out, start = [], 0
+    for size in sizes:
+        rows = slice(start, start + size)
+        vectors = pa.array([list(map(float, v)) for v in matrix[rows]], pa.list_(pa.float32()))
+        out.append(pa.RecordBatch.from_arrays([pa.array(ids[rows].tolist()), vectors], ["id", "vector"]))
+        start += size
+    return out
+
+
+def test_executor_top_k_over_tasks_equals_brute_force(data):
+    # Three "tasks" of uneven Arrow batches, one with a null vector: the merged candidates give the
+    # brute-force answer over the non-null rows.
+    import pyarrow as pa
+
+    matrix, queries = data
+    ids = np.array([f"u{i:03d}" for i in range(len(matrix))])
+    unit_queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    tasks = [_arrow_batches(ids[:200], matrix[:200], [3, 150, 47]), _arrow_batches(ids[200:205], matrix[200:205], [5]),
+             _arrow_batches(ids[205:], matrix[205:], [295])]
+    with_null = pa.RecordBatch.from_arrays([pa.array(["null-row"]), pa.array([None], pa.list_(pa.float32()))], ["id", "vector"])
+    tasks[1].insert(0, with_null)
+    candidates = pd.concat([b.to_pandas() for task in tasks for b in vectors.top_k_candidates(iter(task), unit_queries, 7)])
+    assert len(candidates) == len(queries) * (7 + 5 + 7)  # a task of 5 rows sends them all
+    found_ids, scores = vectors.merge_candidates(candidates, len(queries), 7)
+    expected_rows, expected_scores = _brute_force(matrix, queries, 7)
+    assert (found_ids == ids[expected_rows]).all()
+    np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+
+
+@pytest.mark.spark
+def test_spark_vector_index_answers_like_the_driver_index(spark, data):
+    matrix, queries = data
+    ids = np.array([f"e{i}" for i in range(len(matrix))])
+    frame = spark.createDataFrame(pd.DataFrame({"id": ids, "vector": [v.tolist() for v in matrix]}),
+                                  "id string, vector array<float>")
+    index = vectors.SparkVectorIndex(frame, len(matrix), matrix.shape[1])
+    found_ids, scores = index.search(queries, k=6)
+    expected_ids, expected_scores = VectorIndex.from_arrays(ids, matrix).search(queries, k=6)
+    assert (found_ids == expected_ids).all()
+    np.testing.assert_allclose(scores, expected_scores, atol=1e-5)
+    one_id, one_score = index.search(queries[0], k=600)
+    assert one_id.shape == (500,) and one_id[0] == expected_ids[0][0]

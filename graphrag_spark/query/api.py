@@ -31,7 +31,7 @@ from graphrag_spark.query.global_search import SearchResult, global_search
 from graphrag_spark.query.local_search import local_search
 from graphrag_spark.query.retrieval import load_vector_index
 from graphrag_spark.query.text_summary import text_summary_search
-from graphrag_spark.query.vectors import VectorIndex
+from graphrag_spark.query.vectors import SparkVectorIndex, VectorIndex
 from graphrag_spark.raptor.search import RaptorTree, raptor_search
 
 METHODS = ("global", "local", "basic", "ts", "raptor")
@@ -48,7 +48,7 @@ class GraphRagIndex:
         if self._missing and not self.store.exists(T.RAPTOR_NODES):
             raise UserError(f"No GraphRAG index at '{self.store.location('')}': {', '.join(self._missing)} missing; "
                             f"build one with jobs/index.py (or point storage.root / storage.database at an index).")
-        self._vectors: dict[str, VectorIndex] = {}
+        self._vectors: dict[str, VectorIndex | SparkVectorIndex] = {}
         self._raptor: RaptorTree | None = None
         self._embedder: Embedder | None = None
 
@@ -159,10 +159,11 @@ class GraphRagIndex:
             self._embedder = get_embedder(e.provider, self.cfg.llm.embedding, e.batch_size)
         return self._embedder
 
-    def _vector_index(self, table: str) -> VectorIndex:
+    def _vector_index(self, table: str) -> VectorIndex | SparkVectorIndex:
         if table not in self._vectors:
             if not self.store.exists(table):
                 raise UserError(f"The index has no '{table}' table (it was built before the embeddings stage); "
                                 f"run GraphRagIndex.build_embeddings() or rebuild it with jobs/index.py.")
-            self._vectors[table] = load_vector_index(self.table(table), embedding_model_name(self.cfg), table)
+            self._vectors[table] = load_vector_index(self.table(table), embedding_model_name(self.cfg), table,
+                                                      self.cfg.query.driver_vector_rows)
         return self._vectors[table]

@@ -1,4 +1,4 @@
-"""Exact cosine top-k over an in-memory matrix of embeddings.
+"""Exact cosine top-k over stored embeddings: in driver memory, or in executors for large tables.
 
 Exact search, no ANN index: at 1M x 384 a blocked float32 matrix product plus
 ``np.argpartition`` answers a query in about a memory pass over the matrix
@@ -6,14 +6,26 @@ Exact search, no ANN index: at 1M x 384 a blocked float32 matrix product plus
 brute force, so SS and local-search results are reproducible. Storage stays
 float32: numpy has no BLAS half-precision product, so float16 storage would
 halve memory but make every query slower by upcasting each block first.
+
+``VectorIndex`` holds the matrix on the driver (small tables, the lowest latency).
+``SparkVectorIndex`` never collects the table: each task scores its rows' Arrow batches
+against all the queries of one call and keeps a running top-k per query, so only
+tasks x queries x k candidates reach the driver, which merges them. It uses DataFrame
+APIs only (``mapInArrow``; the queries travel in the function's closure, no broadcast),
+so it runs unchanged on Spark Connect.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import partial
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 # Scores computed at once (queries x rows); bounds the temporary at 64 MB whatever the batch size.
 _BLOCK_SCORES = 1 << 24
@@ -99,3 +111,92 @@ class VectorIndex:
         rows, scores = np.concatenate(cand_rows, axis=1), np.concatenate(cand_scores, axis=1)
         order = np.lexsort((rows, -scores), axis=1)[:, :k]
         return np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+CANDIDATE_SCHEMA = "query int, id string, score float"
+
+
+def _running_top_k(best_ids: np.ndarray, best_scores: np.ndarray, ids: np.ndarray, sims: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge one block's (queries, rows) similarities into the running (queries, <=k) best."""
+    if sims.shape[1] > k:
+        top = np.argpartition(sims, sims.shape[1] - k, axis=1)[:, -k:]
+        sims, cand = np.take_along_axis(sims, top, axis=1), ids[top]
+    else:
+        cand = np.broadcast_to(ids, sims.shape)
+    scores, ids = np.concatenate([best_scores, sims], axis=1), np.concatenate([best_ids, cand], axis=1)
+    if scores.shape[1] > k:
+        top = np.argpartition(scores, scores.shape[1] - k, axis=1)[:, -k:]
+        scores, ids = np.take_along_axis(scores, top, axis=1), np.take_along_axis(ids, top, axis=1)
+    return ids, scores
+
+
+def top_k_candidates(batches: Iterator[pa.RecordBatch], queries: np.ndarray, k: int,
+                     id_col: str = "id", vector_col: str = "vector") -> Iterator[pa.RecordBatch]:
+    """Pure (one task): Arrow batches of (id, vector) -> at most k (query, id, score) rows per query.
+
+    ``queries`` are unit rows; stored vectors are normalised here (zero rows score 0); rows with a
+    null vector are skipped. Vectors are read straight from the Arrow list buffer, without pandas.
+    """
+    best_ids = np.empty((len(queries), 0), dtype=object)
+    best_scores = np.empty((len(queries), 0), dtype=np.float32)
+    for batch in batches:
+        vectors = batch.column(vector_col)
+        if vectors.null_count:
+            batch = batch.filter(vectors.is_valid())
+            vectors = batch.column(vector_col)
+        if not len(batch):
+            continue
+        flat = pc.list_flatten(vectors).to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        if len(flat) != len(batch) * queries.shape[1]:
+            raise ValueError(f"Stored vectors must all have {queries.shape[1]} dimensions, as the query vectors do.")
+        matrix = _normalized(flat.reshape(len(batch), queries.shape[1]))
+        ids = np.asarray(batch.column(id_col).to_pylist(), dtype=object)
+        best_ids, best_scores = _running_top_k(best_ids, best_scores, ids, queries @ matrix.T, k)
+    if best_scores.shape[1]:
+        query = np.repeat(np.arange(len(queries), dtype=np.int32), best_scores.shape[1])
+        yield pa.RecordBatch.from_arrays([pa.array(query), pa.array(best_ids.ravel().tolist(), pa.string()),
+                                          pa.array(best_scores.ravel(), pa.float32())], ["query", "id", "score"])
+
+
+def merge_candidates(candidates: pd.DataFrame, n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pure: the tasks' (query, id, score) candidates -> top-k ids and scores per query, best first.
+
+    Ties break by id (tasks see rows in no fixed order). Every task sends the same number of
+    candidates for every query, so every query keeps ``min(k, rows)`` of them."""
+    frame = candidates.sort_values(["query", "score", "id"], ascending=[True, False, True]).groupby("query").head(k)
+    width = len(frame) // n_queries if n_queries else 0
+    return (frame["id"].to_numpy(dtype=object).reshape(n_queries, width),
+            frame["score"].to_numpy(dtype=np.float32).reshape(n_queries, width))
+
+
+class SparkVectorIndex:
+    """The same search as ``VectorIndex`` over a DataFrame of (id, vector), computed in executors.
+
+    Each call scans the table once for all its queries: batch many questions into one call.
+    """
+
+    def __init__(self, frame: DataFrame, rows: int, dim: int, id_col: str = "id", vector_col: str = "vector") -> None:
+        self.frame = frame.select(F.col(id_col).alias("id"), F.col(vector_col).alias("vector"))
+        self.rows = rows
+        self.dim = dim
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def search(self, query_vecs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.asarray(query_vecs, dtype=np.float32)
+        single = queries.ndim == 1
+        queries = np.atleast_2d(queries)
+        if queries.ndim != 2 or (self.rows and queries.shape[1] != self.dim):
+            raise ValueError(f"Query vectors must have {self.dim} columns, got shape {np.shape(query_vecs)}.")
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}.")
+        k = min(k, self.rows)
+        if not k or not len(queries):
+            ids, scores = np.empty((len(queries), 0), dtype=object), np.empty((len(queries), 0), dtype=np.float32)
+        else:
+            run = partial(top_k_candidates, queries=np.ascontiguousarray(_normalized(queries)), k=k)
+            candidates = self.frame.mapInArrow(run, CANDIDATE_SCHEMA).toPandas()
+            ids, scores = merge_candidates(candidates, len(queries), k)
+        return (ids[0], scores[0]) if single else (ids, scores)
