@@ -3,7 +3,9 @@
 Indexes ``../shared/corpora/war_and_peace.txt`` end to end with ``conf/local.yaml`` (nlp
 extraction, extractive reports, offline MiniLM embeddings) on ``local[2]`` into a temporary
 folder, then prints the run summary (wall time per stage), the total wall time including
-session start, and the graph's shape. ``--encoder N`` instead times the offline encoder alone
+session start, the Spark jobs each stage ran (fixed cost per job, whatever the load) and the
+graph's shape. ``--corpus ../shared/corpora/a_christmas_carol.txt --set chunking.size=1200``
+is the 42-chunk corpus of the stage-overhead target. ``--encoder N`` instead times the offline encoder alone
 on the corpus' first N chunks in this process (no Spark), and prints the BLAS kernel that ran.
 """
 
@@ -13,6 +15,7 @@ import argparse
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +48,28 @@ def time_encoder(corpus: Path, n: int, threads: int) -> None:
               f"{len(chunks) / cpu:.1f} texts per CPU second; BLAS: {_blas()}")
 
 
-def index_corpus(corpus: Path, cores: int, keep: Path | None) -> None:
+@contextmanager
+def _jobs_per_stage(spark, jobs: dict[str, int]):
+    """Counts the Spark jobs started inside each ``RunSummary.stage`` (one job group per stage)."""
+    from graphrag_spark.index import pipeline
+
+    timed = pipeline.RunSummary.stage
+
+    @contextmanager
+    def stage(self, name: str):
+        spark.sparkContext.setJobGroup(name, name)
+        with timed(self, name):
+            yield
+        jobs[name] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(name))
+
+    pipeline.RunSummary.stage = stage
+    try:
+        yield
+    finally:
+        pipeline.RunSummary.stage = timed
+
+
+def index_corpus(corpus: Path, cores: int, keep: Path | None, overrides: list[str]) -> None:
     from pyspark.sql import functions as F
 
     from graphrag_spark import tables as T
@@ -57,13 +81,17 @@ def index_corpus(corpus: Path, cores: int, keep: Path | None) -> None:
     (work / "input").mkdir(parents=True, exist_ok=True)
     shutil.copy(corpus, work / "input" / corpus.name)
     started = time.perf_counter()
-    cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={work / 'index'}", f"input.path={work / 'input'}"])
+    cfg = load_config(REPO / "conf" / "local.yaml",
+                      [f"storage.root={work / 'index'}", f"input.path={work / 'input'}", *overrides])
     spark = build_spark(cfg.spark, master=f"local[{cores}]")
     session_s = time.perf_counter() - started
     try:
-        summary = run_index(spark, cfg)
+        jobs: dict[str, int] = {}
+        with _jobs_per_stage(spark, jobs):
+            summary = run_index(spark, cfg)
         total_s = time.perf_counter() - started
         print(summary.render())
+        print(f"\nSpark jobs per stage: {jobs} ({sum(jobs.values())} in all)")
         store = T.TableStore(spark, cfg.storage)
         entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
         degree = entities.agg(F.max("degree").alias("max"), F.avg("degree").alias("mean"),
@@ -87,13 +115,14 @@ def main() -> None:
     parser.add_argument("--encoder", type=int, metavar="N", help="only time the encoder on the first N chunks")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads for --encoder")
     parser.add_argument("--keep", type=Path, help="index into this folder and keep it")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override")
     args = parser.parse_args()
     if not args.corpus.is_file():
         raise SystemExit(f"No corpus at {args.corpus}; the shared folder holds war_and_peace.txt.")
     if args.encoder:
         time_encoder(args.corpus, args.encoder, args.threads)
     else:
-        index_corpus(args.corpus, args.cores, args.keep)
+        index_corpus(args.corpus, args.cores, args.keep, args.set)
 
 
 if __name__ == "__main__":
