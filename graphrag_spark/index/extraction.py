@@ -38,13 +38,17 @@ def _nlp_partition(max_phrases: int):
     return run
 
 
+def nlp_instances(text_units: DataFrame, cfg: ExtractionConfig) -> DataFrame:
+    """Offline extraction: entity and relationship instances in one frame (``split_instances`` separates them)."""
+    return text_units.select("id", "text").mapInPandas(_nlp_partition(cfg.nlp.max_phrases_per_chunk), _INSTANCE_SCHEMA)
+
+
 def extract_nlp_instances(text_units: DataFrame, cfg: ExtractionConfig) -> tuple[DataFrame, DataFrame]:
     """Offline extraction; returns (entity_instances, relationship_instances) in the tables' schemas."""
-    instances = text_units.select("id", "text").mapInPandas(_nlp_partition(cfg.nlp.max_phrases_per_chunk), _INSTANCE_SCHEMA)
-    return _split(instances)
+    return split_instances(nlp_instances(text_units, cfg))
 
 
-def _split(instances: DataFrame) -> tuple[DataFrame, DataFrame]:
+def split_instances(instances: DataFrame) -> tuple[DataFrame, DataFrame]:
     entity_cols = [f.name for f in T.SCHEMAS[T.ENTITY_INSTANCES].fields]
     relationship_cols = [f.name for f in T.SCHEMAS[T.RELATIONSHIP_INSTANCES].fields]
     return (instances.where("kind = 'entity'").select(entity_cols),
@@ -113,7 +117,7 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
             yield instances_from_results(batch)
 
     instances = results.mapInPandas(explode, _INSTANCE_SCHEMA)
-    entities, relationships = _split(instances)
+    entities, relationships = split_instances(instances)
     claims = (instances.where("kind = 'claim'")
               .withColumn("c", F.from_json("description", "map<string,string>"))
               .select("id", F.lit(None).cast("long").alias("human_readable_id"), "text_unit_id",

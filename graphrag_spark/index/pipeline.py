@@ -72,15 +72,20 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
     run_id = new_run_id()
     with summary.stage("extraction"):
         text_units = store.read(T.TEXT_UNITS)
+        nlp_instances = None
         if cfg.extraction.method == "llm":
             entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
                 spark, store, text_units, cfg.extraction, cfg.llm, run_id)
             summary.usage += usages
         else:
-            entity_instances, relationship_instances = extraction.extract_nlp_instances(text_units, cfg.extraction)
+            # Persisted: both tables come from one extraction pass, not one pass per table written.
+            nlp_instances = extraction.nlp_instances(text_units, cfg.extraction).persist()
+            entity_instances, relationship_instances = extraction.split_instances(nlp_instances)
             claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
         store.write(entity_instances, T.ENTITY_INSTANCES)
         store.write(relationship_instances, T.RELATIONSHIP_INSTANCES)
+        if nlp_instances is not None:
+            nlp_instances.unpersist()
         store.write(claims.withColumn("human_readable_id", F.row_number().over(Window.orderBy("id")) - 1), T.CLAIMS)
         summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
         summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
@@ -89,11 +94,13 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
         text_units = store.read(T.TEXT_UNITS)
         nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
-        relationships = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units)
-        entities, relationships = graph.add_degrees(nodes, relationships)
+        # Persisted too: the degrees, the entities and the relationships written all read the edges.
+        edges = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units).persist()
+        entities, relationships = graph.add_degrees(nodes, edges)
         store.write(entities, T.ENTITIES)
         store.write(relationships, T.RELATIONSHIPS)
-        nodes.unpersist()  # the persisted frame, not add_degrees' result
+        nodes.unpersist()  # the persisted frames, not add_degrees' results
+        edges.unpersist()
         summary.counts["entities"] = store.read(T.ENTITIES).count()
         summary.counts["relationships"] = store.read(T.RELATIONSHIPS).count()
         summary.counts["claims"] = store.read(T.CLAIMS).count()
