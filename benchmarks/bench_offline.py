@@ -12,6 +12,7 @@ on the corpus' first N chunks in this process (no Spark), and prints the BLAS ke
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -48,9 +49,29 @@ def time_encoder(corpus: Path, n: int, threads: int) -> None:
               f"{len(chunks) / cpu:.1f} texts per CPU second; BLAS: {_blas()}")
 
 
+def _tree_cpu_seconds() -> float:
+    """CPU seconds of this process and all its descendants (the JVM, Python workers, reaped children
+    included): unlike wall time, roughly independent of what else the machine runs."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))  # ppid; u/s/cu/cs time
+    tree, frontier = set(), {os.getpid()}
+    while frontier:
+        tree |= frontier
+        frontier = {pid for pid, (ppid, _) in stats.items() if ppid in frontier} - tree
+    return sum(stats[pid][1] for pid in tree if pid in stats) / ticks
+
+
 @contextmanager
-def _jobs_per_stage(spark, jobs: dict[str, int]):
-    """Counts the Spark jobs started inside each ``RunSummary.stage`` (one job group per stage)."""
+def _jobs_per_stage(spark, jobs: dict[str, int], cpu: dict[str, float]):
+    """Counts the Spark jobs started inside each ``RunSummary.stage`` (one job group per stage) and
+    the CPU seconds the stage used."""
     from graphrag_spark.index import pipeline
 
     timed = pipeline.RunSummary.stage
@@ -58,8 +79,10 @@ def _jobs_per_stage(spark, jobs: dict[str, int]):
     @contextmanager
     def stage(self, name: str):
         spark.sparkContext.setJobGroup(name, name)
+        before = _tree_cpu_seconds()
         with timed(self, name):
             yield
+        cpu[name] = round(_tree_cpu_seconds() - before, 1)
         jobs[name] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(name))
 
     pipeline.RunSummary.stage = stage
@@ -87,11 +110,13 @@ def index_corpus(corpus: Path, cores: int, keep: Path | None, overrides: list[st
     session_s = time.perf_counter() - started
     try:
         jobs: dict[str, int] = {}
-        with _jobs_per_stage(spark, jobs):
+        cpu: dict[str, float] = {}
+        with _jobs_per_stage(spark, jobs, cpu):
             summary = run_index(spark, cfg)
         total_s = time.perf_counter() - started
         print(summary.render())
         print(f"\nSpark jobs per stage: {jobs} ({sum(jobs.values())} in all)")
+        print(f"CPU seconds per stage (driver, JVM and Python workers): {cpu} ({sum(cpu.values()):.1f} in all)")
         store = T.TableStore(spark, cfg.storage)
         entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
         degree = entities.agg(F.max("degree").alias("max"), F.avg("degree").alias("mean"),
