@@ -93,11 +93,13 @@ def _arrow_batches(ids, matrix, sizes):
     return out
 
 
-def test_executor_top_k_over_tasks_equals_brute_force(data):
+@pytest.mark.parametrize("block_scores", [1 << 24, 64])
+def test_executor_top_k_over_tasks_equals_brute_force(data, monkeypatch, block_scores):
     # Three "tasks" of uneven Arrow batches, one with a null vector: the merged candidates give the
-    # brute-force answer over the non-null rows.
+    # brute-force answer over the non-null rows (the second case scores each batch in blocks of 7 rows).
     import pyarrow as pa
 
+    monkeypatch.setattr(vectors, "_BLOCK_SCORES", block_scores)
     matrix, queries = data
     ids = np.array([f"u{i:03d}" for i in range(len(matrix))])
     unit_queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)

@@ -41,6 +41,18 @@ def _normalized(vectors: np.ndarray) -> np.ndarray:
     return vectors / norms[:, None]
 
 
+def _checked_queries(query_vecs, dim: int, rows: int, k: int) -> tuple[np.ndarray, bool, int]:
+    """(q, dim) float32 queries, whether one (dim,) query was given, and k capped at the row count."""
+    queries = np.asarray(query_vecs, dtype=np.float32)
+    single = queries.ndim == 1
+    queries = np.atleast_2d(queries)
+    if queries.ndim != 2 or (rows and queries.shape[1] != dim):
+        raise ValueError(f"Query vectors must have {dim} columns, got shape {np.shape(query_vecs)}.")
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}.")
+    return queries, single, min(k, rows)
+
+
 class VectorIndex:
     """Row ``i`` of ``vectors`` is the L2-normalised embedding of ``ids[i]``; scores are cosine similarities."""
 
@@ -78,14 +90,7 @@ class VectorIndex:
         ``query_vecs`` is (q, dim), or (dim,) for one query, which gives 1-D results.
         At most ``len(self)`` results are returned per query.
         """
-        queries = np.asarray(query_vecs, dtype=np.float32)
-        single = queries.ndim == 1
-        queries = np.atleast_2d(queries)
-        if queries.ndim != 2 or (len(self) and queries.shape[1] != self.dim):
-            raise ValueError(f"Query vectors must have {self.dim} columns, got shape {np.shape(query_vecs)}.")
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}.")
-        k = min(k, len(self))
+        queries, single, k = _checked_queries(query_vecs, self.dim, len(self), k)
         rows = np.empty((len(queries), k), dtype=np.int64)
         scores = np.empty((len(queries), k), dtype=np.float32)
         if k:
@@ -152,7 +157,10 @@ def top_k_candidates(batches: Iterator[pa.RecordBatch], queries: np.ndarray, k: 
             raise ValueError(f"Stored vectors must all have {queries.shape[1]} dimensions, as the query vectors do.")
         matrix = _normalized(flat.reshape(len(batch), queries.shape[1]))
         ids = np.asarray(batch.column(id_col).to_pylist(), dtype=object)
-        best_ids, best_scores = _running_top_k(best_ids, best_scores, ids, queries @ matrix.T, k)
+        block = max(k, _BLOCK_SCORES // len(queries))
+        for start in range(0, len(batch), block):
+            rows = slice(start, start + block)
+            best_ids, best_scores = _running_top_k(best_ids, best_scores, ids[rows], queries @ matrix[rows].T, k)
     if best_scores.shape[1]:
         query = np.repeat(np.arange(len(queries), dtype=np.int32), best_scores.shape[1])
         yield pa.RecordBatch.from_arrays([pa.array(query), pa.array(best_ids.ravel().tolist(), pa.string()),
@@ -185,14 +193,7 @@ class SparkVectorIndex:
         return self.rows
 
     def search(self, query_vecs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        queries = np.asarray(query_vecs, dtype=np.float32)
-        single = queries.ndim == 1
-        queries = np.atleast_2d(queries)
-        if queries.ndim != 2 or (self.rows and queries.shape[1] != self.dim):
-            raise ValueError(f"Query vectors must have {self.dim} columns, got shape {np.shape(query_vecs)}.")
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}.")
-        k = min(k, self.rows)
+        queries, single, k = _checked_queries(query_vecs, self.dim, self.rows, k)
         if not k or not len(queries):
             ids, scores = np.empty((len(queries), 0), dtype=object), np.empty((len(queries), 0), dtype=np.float32)
         else:
