@@ -18,10 +18,10 @@ import math
 from typing import Iterator
 
 import pandas as pd
-from threadpoolctl import threadpool_limits
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from threadpoolctl import threadpool_limits
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config
