@@ -121,14 +121,16 @@ class VectorIndex:
 CANDIDATE_SCHEMA = "query int, id string, score float"
 
 
-def _running_top_k(best_ids: np.ndarray, best_scores: np.ndarray, ids: np.ndarray, sims: np.ndarray,
+def _running_top_k(best_ids: np.ndarray, best_scores: np.ndarray, ids: pa.Array, sims: np.ndarray,
                    k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Merge one block's (queries, rows) similarities into the running (queries, <=k) best."""
+    """Merge one block's (queries, rows) similarities into the running (queries, <=k) best; only the
+    ids of the block's own top k per query are converted to Python strings."""
     if sims.shape[1] > k:
         top = np.argpartition(sims, sims.shape[1] - k, axis=1)[:, -k:]
-        sims, cand = np.take_along_axis(sims, top, axis=1), ids[top]
+        sims = np.take_along_axis(sims, top, axis=1)
     else:
-        cand = np.broadcast_to(ids, sims.shape)
+        top = np.broadcast_to(np.arange(sims.shape[1]), sims.shape)
+    cand = np.asarray(ids.take(pa.array(top.ravel())).to_pylist(), dtype=object).reshape(top.shape)
     scores, ids = np.concatenate([best_scores, sims], axis=1), np.concatenate([best_ids, cand], axis=1)
     if scores.shape[1] > k:
         top = np.argpartition(scores, scores.shape[1] - k, axis=1)[:, -k:]
@@ -156,11 +158,11 @@ def top_k_candidates(batches: Iterator[pa.RecordBatch], queries: np.ndarray, k: 
         if len(flat) != len(batch) * queries.shape[1]:
             raise ValueError(f"Stored vectors must all have {queries.shape[1]} dimensions, as the query vectors do.")
         matrix = _normalized(flat.reshape(len(batch), queries.shape[1]))
-        ids = np.asarray(batch.column(id_col).to_pylist(), dtype=object)
+        ids = batch.column(id_col)
         block = max(k, _BLOCK_SCORES // len(queries))
         for start in range(0, len(batch), block):
-            rows = slice(start, start + block)
-            best_ids, best_scores = _running_top_k(best_ids, best_scores, ids[rows], queries @ matrix[rows].T, k)
+            best_ids, best_scores = _running_top_k(best_ids, best_scores, ids.slice(start, block),
+                                                   queries @ matrix[start : start + block].T, k)
     if best_scores.shape[1]:
         query = np.repeat(np.arange(len(queries), dtype=np.int32), best_scores.shape[1])
         yield pa.RecordBatch.from_arrays([pa.array(query), pa.array(best_ids.ravel().tolist(), pa.string()),
