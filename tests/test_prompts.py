@@ -19,6 +19,9 @@ EXPECTED_VARIABLES = {
     "basic_search": {"question", "context_data", "response_type"},
     "local_search": {"question", "context_data", "response_type"},
     "raptor_summary": {"context"},
+    "tune_domain": {"sample_text"},
+    "tune_persona": {"domain"},
+    "tune_entity_types": {"domain", "sample_text", "max_types"},
 }
 
 

@@ -68,6 +68,9 @@ MARKERS: dict[str, str] = {
     "basic_search": "using only the text passages in the data tables below",
     "local_search": "Answer the question about specific entities",
     "raptor_summary": "Write a summary of the following, including as many key details as possible",
+    "tune_domain": "Name the domain these documents come from",
+    "tune_persona": "Describe the expert best placed to analyse",
+    "tune_entity_types": "List the kinds of entities worth extracting",
 }
 
 EMBEDDING_DIM = 384
@@ -378,6 +381,31 @@ def _search_answer(prompt: str) -> str:
     )
 
 
+def _top_words(text: str, n: int) -> list[str]:
+    counts = Counter(w.lower() for w in _WORD.findall(text) if w.lower() not in _STOPWORDS and len(w) > 3)
+    return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+def _tune_domain(prompt: str) -> str:
+    words = _top_words(_between(prompt, "-Passages-", "-End of passages-"), 3) or ["general"]
+    return f"documents about {', '.join(words)}"
+
+
+def _tune_persona(prompt: str) -> str:
+    domain = _between(prompt, "knowledge graph: ", "\n").strip() or "these documents"
+    return (f"You are an expert analyst of {domain}, skilled at finding the people, organisations, places and "
+            f"events they involve and how these are connected.")
+
+
+def _tune_entity_types(prompt: str) -> str:
+    """The usual kinds, plus the passages' most frequent word as a domain-specific one."""
+    extra = _top_words(_between(prompt, "-Passages-", "-End of passages-"), 1)
+    return ", ".join(["person", "organization", "location", "event", *extra])
+
+
+_TUNE_ANSWERS = {"tune_domain": _tune_domain, "tune_persona": _tune_persona, "tune_entity_types": _tune_entity_types}
+
+
 def answer(messages: list[dict]) -> tuple[str, str]:
     """(kind, completion text) for a chat conversation, before length limits and fault injection."""
     kind = classify(messages)
@@ -403,6 +431,8 @@ def answer(messages: list[dict]) -> tuple[str, str]:
         return kind, _global_reduce(last)
     if kind in ("basic_search", "local_search"):
         return kind, _search_answer(last)
+    if kind in _TUNE_ANSWERS:
+        return kind, _TUNE_ANSWERS[kind](last)
     if kind == "raptor_summary":
         return kind, _summary(last.split(MARKERS["raptor_summary"] + ":", 1)[-1].strip().rstrip(":"))
     return kind, _summary(last)
