@@ -71,3 +71,21 @@ display(sub_communities)
 
 source_text = index.source_text(community)
 display(source_text.select("document_id", "chunk_index", "n_tokens", F.substring("text", 1, 300).alias("text")))
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## The interactive explorer
+# MAGIC The static explorer of `graphrag-spark explore` (levels, reports, drill-down, entity search, community graph)
+# MAGIC with its data inlined, shown through `displayHTML`. For a large index, write it to a folder instead:
+# MAGIC `graphrag_spark.explore.write_explorer(spark, cfg, "/dbfs/tmp/explorer")`.
+
+# COMMAND ----------
+
+from graphrag_spark.explore import explorer_html
+
+explorer_page = explorer_html(spark, cfg)
+if "displayHTML" in globals():
+    displayHTML(explorer_page)  # noqa: F821 - defined by Databricks
+else:
+    print(f"Explorer page of {len(explorer_page):,} characters (displayHTML shows it on Databricks).")
