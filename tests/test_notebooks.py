@@ -66,6 +66,7 @@ def test_explore_notebook_drills_down_from_a_root_report(spark, index_root, monk
     assert {r.community for r in ns["sub_communities"].collect()} == children and children
     assert ns["source_text"].count() > 0
     assert ns["report"].title in capsys.readouterr().out
+    assert 'GR.receive("meta",' in ns["explorer_page"] and f'GR.receive("community/{community}",' in ns["explorer_page"]
 
 
 def test_ask_notebook_answers_with_every_method_through_the_llm(spark, index_root, monkeypatch):
