@@ -124,6 +124,8 @@ function drawGraph(svg, c) {
   let seed = 7; const rand = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
   all.forEach((n, i) => { const a = 2 * Math.PI * i / Math.max(1, all.length); n.x = W / 2 + 150 * Math.cos(a) + 20 * rand(); n.y = H / 2 + 120 * Math.sin(a) + 20 * rand(); });
   const k = Math.sqrt(W * H / Math.max(1, all.length)) * 0.7;
+  // Dense communities would collapse into a ball: attraction is shared out over the edges per node.
+  const density = Math.max(1, edges.length / Math.max(1, all.length));
   for (let step = 0; step < 300; step++) {
     const temperature = 30 * (1 - step / 300) + 1;
     for (const n of all) { n.dx = 0; n.dy = 0; }
@@ -132,12 +134,12 @@ function drawGraph(svg, c) {
       dx /= d; dy /= d; a.dx += dx * f; a.dy += dy * f; b.dx -= dx * f; b.dy -= dy * f;
     }
     for (const e of edges) {
-      const a = all[e.s], b = all[e.t]; let dx = a.x - b.x, dy = a.y - b.y; const d = Math.max(0.01, Math.hypot(dx, dy)); const f = d * d / k;
+      const a = all[e.s], b = all[e.t]; let dx = a.x - b.x, dy = a.y - b.y; const d = Math.max(0.01, Math.hypot(dx, dy)); const f = d * d / k / density;
       dx /= d; dy /= d; a.dx -= dx * f; a.dy -= dy * f; b.dx += dx * f; b.dy += dy * f;
     }
     for (const n of all) {
       const d = Math.max(0.01, Math.hypot(n.dx, n.dy)); const move = Math.min(d, temperature);
-      n.x = Math.min(W - 30, Math.max(30, n.x + n.dx / d * move)); n.y = Math.min(H - 20, Math.max(20, n.y + n.dy / d * move));
+      n.x = Math.min(W - (n.kind === "entity" ? 110 : 200), Math.max(30, n.x + n.dx / d * move)); n.y = Math.min(H - 20, Math.max(20, n.y + n.dy / d * move));
     }
   }
   const maxDegree = Math.max(1, ...nodes.map((n) => n.degree));
@@ -145,7 +147,7 @@ function drawGraph(svg, c) {
   svg.innerHTML = edges.map((e) => `<line x1="${all[e.s].x.toFixed(1)}" y1="${all[e.s].y.toFixed(1)}" x2="${all[e.t].x.toFixed(1)}" y2="${all[e.t].y.toFixed(1)}"${e.neighbour ? ' class="to-neighbour"' : ` stroke-width="${Math.min(4, 0.6 + Math.log1p(e.w)).toFixed(2)}"`}/>`).join("")
     + all.map((n) => n.kind === "entity"
       ? `<circle class="node" cx="${n.x.toFixed(1)}" cy="${n.y.toFixed(1)}" r="${radius(n).toFixed(1)}" fill="${typeColour(n.type)}" data-entity="${esc(n.id)}" data-bucket="${n.b}"><title>${esc(n.title)} (${esc(n.type)}, degree ${n.degree})</title></circle><text x="${(n.x + radius(n) + 2).toFixed(1)}" y="${(n.y + 3).toFixed(1)}">${esc(n.title.slice(0, 28))}</text>`
-      : `<circle class="neighbour" cx="${n.x.toFixed(1)}" cy="${n.y.toFixed(1)}" r="${radius(n).toFixed(1)}" data-community="${n.id}"><title>${esc(n.title)} (${n.links} links)</title></circle><text x="${(n.x + radius(n) + 2).toFixed(1)}" y="${(n.y + 3).toFixed(1)}">⟶ ${esc(n.title.slice(0, 30))}</text>`).join("");
+      : `<circle class="neighbour" cx="${n.x.toFixed(1)}" cy="${n.y.toFixed(1)}" r="${radius(n).toFixed(1)}" data-community="${n.id}"><title>${esc(n.title)} (${n.links} links)</title></circle><text x="${(n.x + radius(n) + 2).toFixed(1)}" y="${(n.y + 3).toFixed(1)}">⟶ ${esc(n.title.slice(0, 26))}</text>`).join("");
 }
 
 async function showEntity(id, bucket) {
