@@ -54,14 +54,26 @@ def available_jobs() -> dict[str, Job]:
     return {name: job for name, job in JOBS.items() if (JOBS_DIR / job.script).is_file()}
 
 
-def job_parser(name: str) -> argparse.ArgumentParser:
-    """The job's own parser (its options and the config keys it reads), named as this command."""
+def job_parser(name: str) -> argparse.ArgumentParser | None:
+    """The job's own parser (its options and the config keys it reads), named as this command;
+    None for a job script without ``build_parser()`` (it then parses its arguments itself)."""
     job = JOBS[name]
     spec = importlib.util.spec_from_file_location(f"graphrag_spark_job_{job.script[:-3]}", JOBS_DIR / job.script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if not hasattr(module, "build_parser"):
+        return None
     parser = module.build_parser()
     parser.prog = f"graphrag-spark {name}"
+    return parser
+
+
+def _launch_options() -> argparse.ArgumentParser:
+    """What the launcher itself needs from a job's arguments, when the job has no parser to ask."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", default="conf/local.yaml")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--verbose", action="store_true")
     return parser
 
 
@@ -186,7 +198,10 @@ def submit_command(job: Job, job_args: list[str], config_path: str, overrides: l
 
 def run_job(name: str, job_args: list[str]) -> int:
     parser = job_parser(name)
-    args = parser.parse_args(job_args)  # --help and argument mistakes end here, before any JVM
+    if parser is not None:
+        args = parser.parse_args(job_args)  # --help and argument mistakes end here, before any JVM
+    else:
+        args = _launch_options().parse_known_args(job_args)[0]
     if "--config" not in job_args and not any(a.startswith("--config=") for a in job_args) \
             and Path(DEFAULT_SETTINGS).is_file():
         job_args = ["--config", DEFAULT_SETTINGS, *job_args]
