@@ -1,5 +1,9 @@
 """Prompt files in ``prompts/``, versioned by content hash so editing a prompt invalidates its cache entries.
 
+A prompt's instructions go in a system message and the data (document text, tables) in the user
+message: the file holds both, split by the line ``===== user message =====``. Document text sits
+between ``<document>`` and ``</document>`` lines, passed through ``document_text``.
+
 Templates hold ``{name}`` tokens. They are filled in one pass with a regex rather than
 ``str.format``: JSON examples in a prompt keep their braces, and a value that itself
 contains ``{name}`` (a document quoting a template) is never substituted again.
@@ -20,6 +24,8 @@ DEFAULT_PROMPT_DIR = PROMPTS_DIR
 _configured_dir: Path | None = None
 
 _VARIABLE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_USER_MESSAGE = re.compile(r"^===== user message =====[ \t]*\n", re.MULTILINE)
+_FENCE_TAG = re.compile(r"<(\s*/?\s*document\b)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -37,11 +43,30 @@ class Prompt:
         return frozenset(_VARIABLE.findall(self.text))
 
     def render(self, **values: object) -> str:
-        """The prompt with every ``{name}`` replaced; a missing value is a programming error, reported by name."""
+        """The prompt with every ``{name}`` replaced, as one text (instructions, then data); a missing
+        value is a programming error, reported by name."""
+        return "\n".join(self._render_parts(values))
+
+    def messages(self, **values: object) -> list[dict[str, str]]:
+        """The prompt as chat messages: the instructions above the line ``===== user message =====`` as the
+        system message, the data below it as the user message; without that line, one user message."""
+        parts = self._render_parts(values)
+        if len(parts) == 1:
+            return [{"role": "user", "content": parts[0]}]
+        return [{"role": "system", "content": parts[0]}, {"role": "user", "content": parts[1]}]
+
+    def _render_parts(self, values: dict[str, object]) -> list[str]:
         missing = self.variables - values.keys()
         if missing:
             raise KeyError(f"Prompt '{self.name}' needs values for {sorted(missing)}.")
-        return _VARIABLE.sub(lambda m: str(values[m.group(1)]), self.text)
+        # Split before substituting: a value holding the separator line never splits the prompt.
+        return [_VARIABLE.sub(lambda m: str(values[m.group(1)]), part) for part in _USER_MESSAGE.split(self.text, maxsplit=1)]
+
+
+def document_text(text: str) -> str:
+    """Untrusted text for a ``<document>`` ... ``</document>`` fence of a prompt: a fence tag inside the
+    text is defused, so the text cannot close its fence and pose as instructions after it."""
+    return _FENCE_TAG.sub(lambda m: "&lt;" + m.group(1), text)
 
 
 def use_prompt_dir(prompt_dir: str | Path | None) -> None:

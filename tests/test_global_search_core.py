@@ -3,7 +3,7 @@ from pathlib import Path
 from graphrag_spark.prompts import load_prompt
 from graphrag_spark.query.global_search import (
     NO_ANSWER, MapPoint, cited_ids, extractive_reduce, lexical_map, map_context, pack_by_tokens, parse_map_answer,
-    reduce_context, render_map_prompt, render_reduce_prompt, report_units, select_points)
+    map_messages, reduce_context, reduce_messages, report_units, select_points)
 from graphrag_spark.query.text_summary import source_units
 from graphrag_spark.tokens import count_tokens
 
@@ -86,20 +86,22 @@ def test_ts_prompts_name_sources_and_a_recorded_answer_keeps_its_citations():
     and a real model's answer to them (recorded) must keep its citations through parse and reduce."""
     question = "Why did the grey seals of the Alder estuary decline?"
     units = source_units([{"short_id": i, "text": t} for i, t in enumerate(PASSAGES, 1)])
-    map_prompt = render_map_prompt(load_prompt("global_map"), question, units.items, units)
+    system, user = map_messages(load_prompt("global_map"), question, units.items, units)
+    assert "-----Sources-----" in user["content"] and "-----Sources-----" not in system["content"]
+    map_prompt = system["content"] + user["content"]
     assert "-----Sources-----" in map_prompt and "[Data: Sources (2, 7, 34, 46, 64, +more)]" in map_prompt
     assert "Reports" not in map_prompt and "community report" not in map_prompt
 
     points, malformed = parse_map_answer((FIXTURES / "ts_global_map_answer.txt").read_text(), units.kind)
     assert not malformed
     assert [p.report_ids for p in points] == [[2, 4], [4], [1]]
-    reduce_prompt = render_reduce_prompt(load_prompt("global_reduce"), question, select_points(points, 8000), units,
-                                         "multiple paragraphs")
+    reduce_prompt = "".join(m["content"] for m in reduce_messages(
+        load_prompt("global_reduce"), question, select_points(points, 8000), units, "multiple paragraphs"))
     assert "[Data: Sources (2, 4)]" in reduce_prompt and "Reports" not in reduce_prompt
     answer = (FIXTURES / "ts_global_reduce_answer.md").read_text()
     assert cited_ids(answer, units.kind) == [2, 4, 1]
 
     reports = report_units([{"community": 7, "title": "Seals", "text": "Seals declined."}])
-    report_prompt = render_map_prompt(load_prompt("global_map"), question, reports.items, reports)
+    report_prompt = "".join(m["content"] for m in map_messages(load_prompt("global_map"), question, reports.items, reports))
     assert "community reports" in report_prompt and "[Data: Reports (2, 7, 64)]" in report_prompt
     assert "Sources" not in report_prompt

@@ -25,7 +25,7 @@ from pathlib import Path
 from graphrag_spark.config import ExtractionConfig
 from graphrag_spark.ids import normalize_name
 from graphrag_spark.llm.client import CallResult, LlmClient
-from graphrag_spark.prompts import Prompt, load_prompt
+from graphrag_spark.prompts import Prompt, document_text, load_prompt
 from graphrag_spark.index.graph import keep_within_budget
 from graphrag_spark.tokens import get_encoding
 
@@ -33,6 +33,15 @@ TUPLE_DELIM = "<|>"
 RECORD_DELIM = "##"
 COMPLETION_DELIM = "<|COMPLETE|>"
 DEFAULT_STRENGTH = 1.0
+
+# The record delimiters written inside a document are escaped before it enters a prompt, so text
+# the model copies from the document can never open, split or end a record; parsed fields are
+# unescaped, so a description quotes the document as written.
+_ESCAPES = (
+    (re.compile(r"<\|(complete)\|>", re.IGNORECASE), r"<\\|\1\\|>", re.compile(r"<\\\|(complete)\\\|>", re.IGNORECASE), r"<|\1|>"),
+    (re.compile(r"<\|>"), r"<\\|>", re.compile(r"<\\\|>"), "<|>"),
+    (re.compile(r"#(?=#)"), r"#\\", re.compile(r"#\\(?=#)"), "#"),
+)
 
 _FENCE = re.compile(r"```[\w-]*")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -108,6 +117,24 @@ class ExtractionPrompts:
         return "-".join(p.version[:8] for p in (self.extraction, self.examples, self.continuation, self.loop_check))
 
 
+def escape_delimiters(text: str) -> str:
+    """``<|>`` -> ``<\\|>``, ``<|COMPLETE|>`` -> ``<\\|COMPLETE\\|>``, ``##`` -> ``#\\#`` (any run of #)."""
+    for pattern, replacement, _, _ in _ESCAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def unescape_delimiters(text: str) -> str:
+    for _, _, pattern, replacement in reversed(_ESCAPES):
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def untrusted(text: str) -> str:
+    """Document text (or names taken from it) as it goes into an extraction prompt."""
+    return document_text(escape_delimiters(text))
+
+
 # ---------------------------------------------------------------- parsing
 
 
@@ -169,7 +196,7 @@ def _records(text: str, tags: tuple[str, ...], tuple_delim: str, record_delim: s
             elif is_last and not completed:
                 yield None
                 continue
-            yield match.group(1).lower(), [_clean_field(f) for f in body.strip().split(tuple_delim)]
+            yield match.group(1).lower(), [unescape_delimiters(_clean_field(f)) for f in body.strip().split(tuple_delim)]
 
 
 def parse_extraction(
@@ -290,10 +317,9 @@ async def extract_chunk(
             return None
         return call
 
-    prompt = prompts.extraction.render(
-        entity_types=", ".join(cfg.entity_types), examples=prompts.examples.text.strip(), input_text=text
+    messages = prompts.extraction.messages(
+        entity_types=", ".join(cfg.entity_types), examples=prompts.examples.text.strip(), input_text=untrusted(text)
     )
-    messages = [{"role": "user", "content": prompt}]
     first = await ask(messages, "extract")
     if first is None:
         return result
@@ -332,13 +358,12 @@ async def extract_claims(
     none, about the configured entity types). Its own work item, so switching claims on later
     does not pay for entity extraction again."""
     result = ChunkExtraction()
-    prompt = prompts.claims.render(
+    messages = prompts.claims.messages(
         claim_description=cfg.claim_description,
-        entity_specs=", ".join(sorted(set(entity_names))) if entity_names else ", ".join(cfg.entity_types),
-        input_text=text,
+        entity_specs=untrusted(", ".join(sorted(set(entity_names))) if entity_names else ", ".join(cfg.entity_types)),
+        input_text=untrusted(text),
     )
-    call = await client.chat([{"role": "user", "content": prompt}], item_id=item_id, stage="claims",
-                             prompt_version=prompts.claims.version)
+    call = await client.chat(messages, item_id=item_id, stage="claims", prompt_version=prompts.claims.version)
     result.calls.append(call)
     if call.error:
         result.error = f"claims: {call.error}"
@@ -369,11 +394,11 @@ async def summarize_descriptions(
     prompt = prompt or load_prompt("summarize_descriptions")
     distinct = list(dict.fromkeys(d.strip() for d in descriptions if d and d.strip()))
     kept = keep_within_budget(distinct, max_input_tokens)
-    rendered = prompt.render(
+    messages = prompt.messages(
         entity_name=name, description_list="\n".join(f"- {d}" for d in kept), max_words=max(1, int(max_tokens * 0.75))
     )
     call = await client.chat(
-        [{"role": "user", "content": rendered}],
+        messages,
         max_tokens=max_tokens,
         item_id=item_id,
         stage="summarize_descriptions",

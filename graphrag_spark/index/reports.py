@@ -160,7 +160,7 @@ async def write_report(client, context: str, prompt, max_tokens: int, item_id: s
     """One report call; invalid JSON that the parser cannot repair gets one corrective retry."""
     from graphrag_spark.llm.stage import LlmWork
 
-    messages = [{"role": "user", "content": prompt.render(input_text=context)}]
+    messages = prompt.messages(input_text=context)
     calls = []
     for attempt in range(2):
         call = await client.chat(messages, max_tokens=max_tokens, json_mode=True, item_id=item_id,

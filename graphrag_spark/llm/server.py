@@ -9,7 +9,9 @@ demo talk to this server through the real ``openai`` client over real HTTP. It s
 that no other prompt contains (``MARKERS`` below; ``tests/test_llm_server.py`` checks
 the files against it). The kind is the first marker found in the last message, else in
 the earlier messages from last to first, so a gleaning turn is recognised by its own
-message while still seeing the chunk text earlier in the conversation.
+message while still seeing the chunk text earlier in the conversation. A prompt sent as a
+system message (instructions) and a user message (data) is read as one text, and document
+text is taken out of its ``<document>`` fence.
 
 **How it answers** (all derived from the input text, so an index built through it is
 meaningful): extraction returns capitalised phrases as entities (type picked by a hash
@@ -23,6 +25,9 @@ words overlap the question, scored by that overlap (0 points = "cannot answer"),
 citing the row ids. Reduce: markdown keeping the citations. Other prompts: extractive
 summaries. Embeddings: unit vectors of signed hashed character trigrams, so similar
 texts get similar vectors.
+
+With ``echo_auth`` every request is answered 401 with its ``Authorization`` header quoted in
+the error message, so tests can check that no log, table or error repeats the key.
 
 **Faults and limits** are decided per request from a hash of (seed, request body, how
 many times that body was seen), so runs are reproducible whatever the thread
@@ -64,7 +69,7 @@ MARKERS: dict[str, str] = {
     "summarize_descriptions": "Merge the descriptions below",
     "community_report": "write a report about the community",
     "global_map": "You are one of several analysts answering a question",
-    "global_reduce": "Several analysts each answered the question below",
+    "global_reduce": "Several analysts each answered the user's question",
     "basic_search": "using only the text passages in the data tables below",
     "local_search": "Answer the question about specific entities",
     "raptor_summary": "Write a summary of the following, including as many key details as possible",
@@ -244,18 +249,32 @@ def _extraction_records(graph: _Graph, gleaning: bool) -> str:
     return "\n##\n".join(records) + ("\n" if records else "") + "<|COMPLETE|>"
 
 
+def _document(prompt: str) -> str:
+    """The text between ``Text:`` and ``-End of text-``, out of its ``<document>`` fence."""
+    text = _between(prompt, "Text:\n", "\n-End of text-")
+    return re.sub(r"^<document>\n?|\n?</document>$", "", text.strip())
+
+
+def _with_system(messages: list[dict], index: int) -> str:
+    """Message ``index`` with the system messages before it: the whole prompt of a system + user turn."""
+    return "\n".join([_content(m) for m in messages[:index] if m.get("role") == "system"] + [_content(messages[index])])
+
+
 def _conversation_graph(messages: list[dict]) -> tuple[_Graph, int]:
     """The extraction graph of the chunk in this conversation, and how many gleanings were already asked for."""
-    first = next((_content(m) for m in messages if MARKERS["entity_extraction"] in _content(m)), "")
+    at = next((i for i, m in enumerate(messages) if MARKERS["entity_extraction"] in _content(m)), None)
+    if at is not None and messages[at].get("role") == "system" and at + 1 < len(messages):
+        at += 1  # the instructions are the system message; the chunk is in the user message after it
+    first = _with_system(messages, at) if at is not None else ""
     real = first[first.rfind("-Real data-") :]
     types = _between(real, "Entity types:", "\n").split(",")
-    graph = _extract_graph(_between(real, "Text:\n", "\n-End of text-"), types)
+    graph = _extract_graph(_document(real), types)
     gleanings = sum(1 for m in messages if m.get("role") == "user" and MARKERS["gleaning_continue"] in _content(m))
     return graph, gleanings
 
 
 def _claims(prompt: str) -> str:
-    graph = _extract_graph(_between(prompt, "Text:\n", "\n-End of text-"), ["ENTITY"])
+    graph = _extract_graph(_document(prompt), ["ENTITY"])
     records = []
     for (a, b), (sentence, _) in graph.pairs.items():
         year = _YEAR.search(sentence)
@@ -409,7 +428,7 @@ _TUNE_ANSWERS = {"tune_domain": _tune_domain, "tune_persona": _tune_persona, "tu
 def answer(messages: list[dict]) -> tuple[str, str]:
     """(kind, completion text) for a chat conversation, before length limits and fault injection."""
     kind = classify(messages)
-    last = _content(messages[-1]) if messages else ""
+    last = _with_system(messages, len(messages) - 1) if messages else ""
     if kind == "entity_extraction":
         graph, _ = _conversation_graph(messages)
         return kind, _extraction_records(graph, gleaning=False)
@@ -468,6 +487,7 @@ class Knobs:
     rate_429: float = 0.0
     retry_after_s: float = 1.0
     malformed_rate: float = 0.0
+    echo_auth: bool = False  # answer every request 401 with its Authorization header in the body (secret-leak tests)
     seed: int = 0
     api_key: str | None = None  # when set, every request must carry "Authorization: Bearer <api_key>"
 
@@ -542,7 +562,7 @@ class _State:
                 "requests": {e: c[f"requests.{e}"] for e in ("chat", "embeddings")},
                 "served": {e: c[f"served.{e}"] for e in ("chat", "embeddings")},
                 "by_kind": dict(self.by_kind),
-                "injected": {name: c[f"injected.{name}"] for name in ("429", "500", "timeout", "malformed")},
+                "injected": {name: c[f"injected.{name}"] for name in ("401", "429", "500", "timeout", "malformed")},
                 "rate_limited": c["rate_limited"],
                 "unauthorized": c["unauthorized"],
                 "prompt_tokens": c["prompt_tokens"],
@@ -630,6 +650,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _complete(self, endpoint: str, body: dict) -> None:
         state, knobs = self.server.state, self.server.state.knobs
+        if knobs.echo_auth:  # the worst a provider can do: echo the whole key back in its error
+            state.count("injected.401")
+            self._send_error(401, "invalid_api_key",
+                             f"Incorrect API key provided: {self.headers.get('Authorization', '')}. "
+                             "You can find your API key at https://platform.openai.com/account/api-keys.")
+            return
         request_hash = _request_hash(body)
         seen = state.arrive(endpoint, request_hash)
         fault = state.draw("fault", request_hash, seen)
@@ -796,6 +822,7 @@ def main(argv: list[str] | None = None) -> None:
         "--retry-after", type=float, default=1.0, dest="retry_after_s", help="Retry-After of injected 429s."
     )
     parser.add_argument("--malformed-rate", type=float, default=0.0, help="Share of answers truncated or garbled.")
+    parser.add_argument("--echo-auth", action="store_true", help="Answer 401 echoing the Authorization header.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key-env", default=None,
                         help="Require the key held in this environment variable (a key on the command line would show in ps).")

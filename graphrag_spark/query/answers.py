@@ -38,7 +38,7 @@ def answer_all(spark: SparkSession, prompt_name: str, questions: list[str], cont
                 for question, rows in zip(questions, passages)]
     prompt = load_prompt(prompt_name)
     asked = [i for i, context in enumerate(contexts) if context]
-    results = chat_in_executors(spark, [prompt.render(question=questions[i], context_data=contexts[i], response_type=q.response_type)
+    results = chat_in_executors(spark, [prompt.messages(question=questions[i], context_data=contexts[i], response_type=q.response_type)
                                         for i in asked], cfg.llm.chat, stage=prompt_name, max_tokens=q.answer_max_tokens,
                                 prompt_version=prompt.version)
     answers = [Answer(NO_ANSWER) for _ in questions]

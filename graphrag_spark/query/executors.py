@@ -38,11 +38,15 @@ def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[lis
     return [row.result for row in sorted(rows, key=lambda row: row.position)]
 
 
-def chat_calls(prompts: list[str], cfg: LlmModelConfig, share: float, *, stage: str, max_tokens: int,
+Prompt = str | list[dict[str, str]]  # one user message, or the messages (system + user) of ``Prompt.messages``
+
+
+def chat_calls(prompts: list[Prompt], cfg: LlmModelConfig, share: float, *, stage: str, max_tokens: int,
                json_mode: bool = False, prompt_version: str = "") -> list[str]:
-    """In an executor: one chat call per prompt (a single user message), concurrently; encoded results."""
-    requests = [ChatRequest(messages=[{"role": "user", "content": prompt}], stage=stage, max_tokens=max_tokens,
-                            json_mode=json_mode, prompt_version=prompt_version) for prompt in prompts]
+    """In an executor: one chat call per prompt, concurrently; encoded results."""
+    requests = [ChatRequest(messages=prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+                            stage=stage, max_tokens=max_tokens, json_mode=json_mode, prompt_version=prompt_version)
+                for prompt in prompts]
     return [json.dumps(dataclasses.asdict(result)) for result in run_batch(requests, cfg, share)]
 
 
@@ -50,11 +54,12 @@ def decode_call(encoded: str) -> CallResult:
     return CallResult(**json.loads(encoded))
 
 
-def chat_in_executors(spark: SparkSession, prompts: list[str], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
+def chat_in_executors(spark: SparkSession, prompts: list[Prompt], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
                       json_mode: bool = False, prompt_version: str = "") -> list[CallResult]:
     """Prompts rendered on the driver, called in executors."""
     ensure_api_key(cfg)
     share = 1.0 / partitions_for(spark, len(prompts))
-    encoded = run_in_executors(spark, prompts, lambda batch: chat_calls(
-        batch, cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode, prompt_version=prompt_version))
+    encoded = run_in_executors(spark, [json.dumps(p) for p in prompts], lambda batch: chat_calls(
+        [json.loads(p) for p in batch], cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode,
+        prompt_version=prompt_version))
     return [decode_call(text) for text in encoded]

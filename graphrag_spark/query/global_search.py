@@ -185,15 +185,17 @@ def extractive_reduce(question: str, points: list[MapPoint], max_points: int, fa
     return lead + "\n\n" + "\n".join(f"- {p.description}" for p in points[:max_points])
 
 
-def render_map_prompt(prompt: Prompt, question: str, batch: list[dict], units: Units) -> str:
-    """The map prompt of one batch, naming the units and the table they are cited by (Reports or Sources)."""
-    return prompt.render(question=question, context_data=map_context(batch, units), kind=units.kind,
-                         units=units.described_as)
+def map_messages(prompt: Prompt, question: str, batch: list[dict], units: Units) -> list[dict[str, str]]:
+    """The map call of one batch (instructions as the system message, question and table as the user
+    message), naming the units and the table they are cited by (Reports or Sources)."""
+    return prompt.messages(question=question, context_data=map_context(batch, units), kind=units.kind,
+                           units=units.described_as)
 
 
-def render_reduce_prompt(prompt: Prompt, question: str, points: list[MapPoint], units: Units, response_type: str) -> str:
-    return prompt.render(question=question, report_data=reduce_context(points), response_type=response_type,
-                         kind=units.kind)
+def reduce_messages(prompt: Prompt, question: str, points: list[MapPoint], units: Units,
+                    response_type: str) -> list[dict[str, str]]:
+    return prompt.messages(question=question, report_data=reduce_context(points), response_type=response_type,
+                           kind=units.kind)
 
 
 def map_row(unit: dict, units: Units) -> list:
@@ -306,7 +308,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     share = 1.0 / partitions_for(spark, len(pairs))
 
     def call_map(pairs_part, shared):
-        prompts = [render_map_prompt(map_prompt, questions[qi], shared[bi], units) for qi, bi in pairs_part]
+        prompts = [map_messages(map_prompt, questions[qi], shared[bi], units) for qi, bi in pairs_part]
         return chat_calls(prompts, chat, share, stage="global_map", max_tokens=q.map_max_tokens, json_mode=True,
                           prompt_version=map_prompt.version)
 
@@ -325,7 +327,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     for answer in answers:
         answer.selected = select_points(answer.points, q.reduce_tokens)
     to_reduce = [i for i, answer in enumerate(answers) if answer.selected]
-    prompts = [render_reduce_prompt(reduce_prompt, questions[i], answers[i].selected, units, q.response_type)
+    prompts = [reduce_messages(reduce_prompt, questions[i], answers[i].selected, units, q.response_type)
                for i in to_reduce]
     reduced = chat_in_executors(spark, prompts, chat, stage="global_reduce", max_tokens=q.answer_max_tokens,
                                 prompt_version=reduce_prompt.version)
