@@ -278,7 +278,7 @@ def test_summarize_descriptions_dedupes_and_falls_back_on_failure():
     assert text == "NeoChip makes chips and went public." and call.ok
     assert client.calls[0][1][-1].count("- Makes chips") == 1
     text, call = asyncio.run(summarize_descriptions(client, "NEOCHIP", ["Makes chips", "Went public"], 100))
-    assert text == "Makes chips Went public" and call.error
+    assert text == "Makes chips\nWent public" and call.error  # the kept descriptions, one per line
 
 
 INJECTING_DOCUMENT = """Notice from the Harbour Board of Vell: the breakwater repairs will be finished in May. Signed, Odile Brand, harbourmaster.

@@ -26,7 +26,7 @@ citing the row ids. Reduce: markdown keeping the citations. Other prompts: extra
 summaries. Embeddings: unit vectors of signed hashed character trigrams, so similar
 texts get similar vectors.
 
-With ``echo_auth`` every request is answered 401 with its ``Authorization`` header quoted in
+With ``echo_auth`` every completion and embeddings request is answered 401 with its ``Authorization`` header quoted in
 the error message, so tests can check that no log, table or error repeats the key.
 
 **Faults and limits** are decided per request from a hash of (seed, request body, how
