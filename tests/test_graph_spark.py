@@ -10,7 +10,7 @@ import pytest
 from graphrag_spark import tables as T
 from graphrag_spark.config import GraphConfig
 from graphrag_spark.ids import content_id, normalize_name
-from graphrag_spark.index.graph import add_degrees, build_entities, build_relationships
+from graphrag_spark.index.graph import add_degrees, build_entities, build_relationships, dropped_relationships, key_claims
 
 
 def entity_instances(spark, rows):
@@ -132,3 +132,26 @@ def test_human_readable_ids_follow_the_global_order_whatever_the_input_order(spa
     shuffled_entities, shuffled_relationships = build_graph(spark, nodes, edges)
     pd.testing.assert_series_equal(shuffled_entities["human_readable_id"], entities["human_readable_id"])
     pd.testing.assert_series_equal(shuffled_relationships["human_readable_id"], relationships["human_readable_id"])
+
+
+def test_relationships_to_unextracted_entities_are_counted(spark):
+    cfg = GraphConfig()
+    entities = build_entities(entity_instances(spark, [("A", "PERSON", "t1"), ("B", "PERSON", "t1")]), cfg)
+    edges = [("A", "B", "t1"), ("A", "Nobody", "t1"), ("nobody", "a", "t2"), ("Nobody", "Else", "t1"), ("B", "b", "t1")]
+    # A-NOBODY (two instances, one edge) and ELSE-NOBODY; A-B is kept, B-B is a self-loop.
+    assert dropped_relationships(relationship_instances(spark, edges), entities, cfg) == 2
+
+
+def test_claims_take_the_entities_name_key_under_folded_matching(spark):
+    folded = GraphConfig(name_matching="folded")
+    entities = build_entities(entity_instances(spark, [("Dr. Jekyll", "PERSON", "t1"), ("Café Royal", "GEO", "t1")]),
+                              folded)
+    claims = spark.createDataFrame([("c1", None, "t1", "DR. JEKYLL", "CAFÉ ROYAL", "VISIT", "TRUE", None, None, "d", "s"),
+                                    ("c2", None, "t1", "DR. JEKYLL", None, "HABIT", "TRUE", None, None, "d", "s")],
+                                   T.SCHEMAS[T.CLAIMS])
+    titles = {row.title for row in entities.collect()}
+    keyed = {row.id: row for row in key_claims(claims, folded).collect()}
+    assert keyed["c1"].subject in titles and keyed["c1"].object in titles
+    assert keyed["c2"].subject in titles and keyed["c2"].object is None
+    assert key_claims(claims, GraphConfig()).where("id = 'c1'").first().subject == "DR. JEKYLL"
+    assert key_claims(claims, folded).columns == claims.columns

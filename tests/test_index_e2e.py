@@ -102,3 +102,12 @@ def test_offline_global_search_cites_reports(spark, index):
     assert "[Data: Reports (" in result.answer
     assert result.context_units == store.read(T.COMMUNITY_REPORTS).where(F.col("level") == result.level).count()
     assert (result.points["score"] > 0).all()
+
+
+def test_isolated_entities_and_dropped_relationships_are_counted(index):
+    _, store, summary = index
+    isolated = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
+    assert summary.counts["isolated entities (no relationship)"] == isolated
+    assert summary.counts["relationships dropped (endpoint not an entity)"] > 0  # phrases pruned as too rare
+    embedded = store.read(T.ENTITY_EMBEDDINGS).select("id")
+    assert store.read(T.ENTITIES).select("id").subtract(embedded).count() == 0, "every entity can be matched"

@@ -116,6 +116,17 @@ def test_local_context_ranks_in_network_relationships_and_best_entities_first():
     assert list(context.frame[context.frame.table == "Reports"]["id"]) == [0]
 
 
+def test_an_isolated_entity_matched_by_local_search_gets_its_context():
+    """An entity with no relationship is in no community and no report, but local search (which
+    matches every entity's embedding) still gives it its description and source text."""
+    data = _local_data()
+    data.entities.loc[len(data.entities)] = ["e4", 4, "OLD JOE", "A rag-and-bone dealer. ", 0, ["t4"]]
+    context = build_local_context([("e4", 0.9)], data, QueryConfig(context_tokens=2000))
+    assert list(context.frame[context.frame.table == "Entities"]["name"]) == ["OLD JOE"]
+    assert list(context.frame[context.frame.table == "Sources"]["text_unit_id"]) == ["t4"]
+    assert set(context.frame["table"]) == {"Entities", "Sources"}
+
+
 def test_unknown_entities_give_an_empty_context():
     context = build_local_context([("nope", 0.5)], _local_data(), QueryConfig())
     assert context.text == "" and context.passages == []

@@ -253,3 +253,26 @@ def test_higher_context_never_exceeds_its_budget(budget):
     elements, subs = higher_community({1: 9, 2: 4, 3: 7, 4: 2})
     context = build_higher_context(elements, subs, budget, words)
     assert context.n_tokens <= budget
+
+
+def test_a_failed_sub_report_is_never_substituted_for_its_elements():
+    """Sub-community 1's LLM report failed (extractive stand-in), 2's succeeded: only 2's is substituted."""
+    from graphrag_spark.index.reports import FALLBACK_METHOD, LLM_METHOD, build_context
+
+    entities, relationships, subs = [], [], []
+    for sub, method in ((1, FALLBACK_METHOD), (2, LLM_METHOD)):
+        ids = [f"e{sub}{i}" for i in range(4)]
+        entities += [{"id": e, "human_readable_id": 10 * sub + i, "title": f"NODE {e}", "type": "GEO",
+                      "description": f"Node {e} is a place on the estuary shore with a long history. " * 6, "degree": 3}
+                     for i, e in enumerate(ids)]
+        edges = [(ids[i], ids[i + 1]) for i in range(3)]
+        relationships += [{"id": f"r{a}{b}", "human_readable_id": 100 * sub + i, "source": f"NODE {a}",
+                           "target": f"NODE {b}", "description": f"{a} and {b} share a harbour. " * 6, "weight": 1.0,
+                           "combined_degree": 6} for i, (a, b) in enumerate(edges)]
+        subs.append({"community": sub, "title": f"Sub {sub}", "summary": "short", "full_content": f"Sub {sub}: short.",
+                     "method": method, "entity_ids": ids, "relationship_ids": [f"r{a}{b}" for a, b in edges]})
+    community = {"id": "c0", "community": 0, "level": 0, "entities": entities, "relationships": relationships,
+                 "claims": None, "sub_reports": subs}
+    context = build_context(community, max_tokens=700)
+    assert context["substituted"] == [2]
+    assert "Sub 1: short." not in context["context"] and "NODE e10" in context["context"]

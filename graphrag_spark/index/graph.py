@@ -4,7 +4,8 @@
   choice; ``graph.name_matching: folded`` also folds punctuation and accents). The most
   frequent type wins; the other types are kept in ``type_variants``.
 - Edges: undirected (A-B == B-A), self-loops dropped, weight = number of instances (or the
-  sum of extracted strengths). Edges whose endpoint is not a node are dropped and counted.
+  sum of extracted strengths). Edges whose endpoint is not a node are dropped, and counted
+  (``dropped_relationships``) in the run summary.
 - Degree and combined degree are computed with DataFrame aggregations over the edge list
   (the same definition as GraphFrames' ``degrees``; its JVM package is not used).
 - Everything runs in Spark SQL except name keys of non-ASCII names (Python
@@ -225,3 +226,26 @@ def add_degrees(entities: DataFrame, relationships: DataFrame) -> tuple[DataFram
                     "combined_degree", [F.desc("weight"), F.asc("id")])
     relationships = relationships.join(ranked.drop("weight", "id"), ["source", "target"])
     return entities, relationships
+
+
+def dropped_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphConfig) -> int:
+    """Edges (distinct undirected pairs of name keys) that ``build_relationships`` drops because an
+    endpoint is not an entity: the model named it only in a relationship, or (offline method) the
+    phrase was pruned as too rare. Counted for the run summary rather than kept as stub entities:
+    a stub has no type and no description to summarise, and would bring back the pruned phrases."""
+    keyed = (_with_name_keys(instances.select("source", "target"), {"a": "source", "b": "target"}, cfg.name_matching)
+             .where(F.col("a") != F.col("b"))
+             .select(F.least("a", "b").alias("source"), F.greatest("a", "b").alias("target")).distinct())
+    titles = entities.select("title")
+    unknown = (keyed.join(titles.withColumnRenamed("title", "source"), "source", "left_anti")
+               .unionByName(keyed.join(titles.withColumnRenamed("title", "target"), "target", "left_anti")))
+    return unknown.distinct().count()
+
+
+def key_claims(claims: DataFrame, cfg: GraphConfig) -> DataFrame:
+    """Claims with ``subject`` and ``object`` replaced by the entity name key of ``graph.name_matching``,
+    so a claim finds its entity (reports, local search) whichever matching mode built the nodes."""
+    columns = claims.columns
+    keyed = _with_name_keys(claims, {"_subject": "subject", "_object": "object"}, cfg.name_matching)
+    return (keyed.drop("subject", "object").withColumnRenamed("_subject", "subject")
+            .withColumnRenamed("_object", "object").select(columns))

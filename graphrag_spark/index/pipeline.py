@@ -86,6 +86,7 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         store.write(relationship_instances, T.RELATIONSHIP_INSTANCES)
         if nlp_instances is not None:
             nlp_instances.unpersist()
+        claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
         store.write(claims.withColumn("human_readable_id", F.row_number().over(Window.orderBy("id")) - 1), T.CLAIMS)
         summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
         summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
@@ -99,10 +100,15 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         entities, relationships = graph.add_degrees(nodes, edges)
         store.write(entities, T.ENTITIES)
         store.write(relationships, T.RELATIONSHIPS)
+        summary.counts["relationships dropped (endpoint not an entity)"] = graph.dropped_relationships(
+            store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
         nodes.unpersist()  # the persisted frames, not add_degrees' results
         edges.unpersist()
         summary.counts["entities"] = store.read(T.ENTITIES).count()
         summary.counts["relationships"] = store.read(T.RELATIONSHIPS).count()
+        # No edge: in no community (Leiden partitions the edge graph), so in no report; kept in the
+        # entities table and its embeddings, so local search still finds them.
+        summary.counts["isolated entities (no relationship)"] = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
         summary.counts["claims"] = store.read(T.CLAIMS).count()
 
     if cfg.extraction.method == "llm" and cfg.extraction.summarize_descriptions:

@@ -72,7 +72,8 @@ class CommunityElements:
 @dataclass(frozen=True)
 class SubCommunity:
     """A finer-level community with its finished report (``report`` is its full_content; None
-    if its report failed, in which case its elements are never substituted)."""
+    if its LLM report failed, in which case its elements are never substituted: the extractive
+    stand-in written for it is not a summary to build on; see ``reports.build_context``)."""
 
     community: int
     title: str

@@ -95,9 +95,9 @@ def community_contexts(level_communities: DataFrame, entities: DataFrame, relati
         contexts = contexts.join(claim_rows, "community", "left")
     if finer_reports is None:
         return contexts.withColumn("sub_reports", F.lit(None).cast(
-            "array<struct<community:int,title:string,summary:string,full_content:string,"
+            "array<struct<community:int,title:string,summary:string,full_content:string,method:string,"
             "entity_ids:array<string>,relationship_ids:array<string>>>"))
-    finer = finer_reports.select(F.col("community").alias("child"), "title", "summary", "full_content")
+    finer = finer_reports.select(F.col("community").alias("child"), "title", "summary", "full_content", "method")
     if finer_communities is not None:
         finer = finer.join(finer_communities.select(F.col("community").alias("child"), "entity_ids", "relationship_ids"), "child")
     else:
@@ -105,7 +105,7 @@ def community_contexts(level_communities: DataFrame, entities: DataFrame, relati
                  .withColumn("relationship_ids", F.array().cast("array<string>")))
     subs = (contexts.select("community", F.explode("children").alias("child")).join(finer, "child")
             .groupBy("community").agg(F.collect_list(F.struct(
-                F.col("child").alias("community"), "title", "summary", "full_content", "entity_ids",
+                F.col("child").alias("community"), "title", "summary", "full_content", "method", "entity_ids",
                 "relationship_ids")).alias("sub_reports")))
     return contexts.join(subs, "community", "left")
 
@@ -137,8 +137,10 @@ def build_context(community: dict, max_tokens: int) -> dict:
         "id", "human_readable_id", "source", "target", "description", "weight", "combined_degree"])
     claims = pd.DataFrame(as_list(community.get("claims")),
                           columns=["id", "human_readable_id", "subject", "type", "status", "description"])
-    subs = [SubCommunity(int(s["community"]), s["title"], s["full_content"], as_list(s["entity_ids"]),
-                         as_list(s["relationship_ids"])) for s in as_list(community["sub_reports"])]
+    # A sub-community whose LLM report failed has an extractive stand-in: it is never substituted
+    # (its elements stay, so the parent's report is written from the elements, not a stand-in).
+    subs = [SubCommunity(int(s["community"]), s["title"], None if s.get("method") == FALLBACK_METHOD else s["full_content"],
+                         as_list(s["entity_ids"]), as_list(s["relationship_ids"])) for s in as_list(community["sub_reports"])]
     if subs:
         context = build_higher_context(CommunityElements(entities, relationships, claims), subs, max_tokens, count_tokens)
     else:
