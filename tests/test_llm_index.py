@@ -76,7 +76,7 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_confi
     assert extract.items == store.read(T.TEXT_UNITS).count() and extract.cache_hits == 0 and extract.failures == 0
     kinds = stats["by_kind"]  # per chunk: the first pass, one gleaning check, a continuation when it said Y
     assert kinds["entity_extraction"] == kinds["gleaning_loop_check"] == extract.items
-    assert 0 < kinds["gleaning_continue"] < extract.items
+    assert 0 < kinds["gleaning_continue"] <= extract.items
     assert extract.calls == extract.items * 2 + kinds["gleaning_continue"]
     assert sum(u.calls for u in summary.usage) == stats["served"]["chat"]
     assert extract.est_cost_usd > 0 and "LLM usage" in summary.render()
