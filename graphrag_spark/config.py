@@ -87,6 +87,9 @@ class GraphConfig(_Section):
     edge_weight: Literal["count", "strength"] = Field(
         "count", description="`count` = number of relationship instances (the paper); `strength` = sum of extracted strengths."
     )
+    backend: Literal["auto", "graphframes", "sql"] = Field(
+        "auto", description="Degrees and connected components: `graphframes` (its JAR and graphframes-py needed), `sql` = Spark SQL + the driver, `auto` = GraphFrames when its classes load."
+    )
     largest_component_only: bool = Field(
         False, description="Cluster only the largest connected component; excluded nodes are counted in the run summary."
     )

@@ -10,6 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 SAMPLE_CORPUS = REPO / "data" / "sample"
+GRAPHFRAMES_JAR = SHARED / "jars" / "graphframes-spark4_2.13-0.11.0.jar"
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -37,7 +38,9 @@ def spark():
     from graphrag_spark.session import build_spark
 
     # No UI: eight test sessions may share a machine, and the UI's plan history costs driver heap.
+    # The GraphFrames JAR is on the classpath so both graph backends can be compared in one session.
     session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy"),
+                                      jars=[str(GRAPHFRAMES_JAR)] if GRAPHFRAMES_JAR.is_file() else [],
                                       conf={"spark.ui.enabled": "false"}), master="local[2]")
     yield session
     session.stop()

@@ -98,24 +98,44 @@ def build_hierarchy(raw: pd.DataFrame, max_levels: int, excluded_nodes: int = 0)
     return Hierarchy(membership[["node", "level", "community"]].reset_index(drop=True), communities, excluded_nodes)
 
 
+def node_edges(entities: DataFrame, relationships: DataFrame) -> DataFrame:
+    """``(s, t, weight)``: the edges between entity human_readable_ids."""
+    node_ids = entities.select(F.col("title"), F.col("human_readable_id").alias("node"))
+    return (relationships.select("source", "target", "weight")
+            .join(node_ids.withColumnRenamed("title", "source").withColumnRenamed("node", "s"), "source")
+            .join(node_ids.withColumnRenamed("title", "target").withColumnRenamed("node", "t"), "target")
+            .select("s", "t", "weight"))
+
+
 def collect_edges(entities: DataFrame, relationships: DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The edge list on the driver as arrays: source node, target node (entity human_readable_id), weight."""
-    node_ids = entities.select(F.col("title"), F.col("human_readable_id").alias("node"))
-    edges = (relationships.select("source", "target", "weight")
-             .join(node_ids.withColumnRenamed("title", "source").withColumnRenamed("node", "s"), "source")
-             .join(node_ids.withColumnRenamed("title", "target").withColumnRenamed("node", "t"), "target")
-             .select("s", "t", "weight").toPandas())
-    return tuple(edges[c].to_numpy() for c in ("s", "t", "weight"))
+    return _arrays(node_edges(entities, relationships))
+
+
+def _arrays(edges: DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    frame = edges.toPandas()
+    return tuple(frame[c].to_numpy() for c in ("s", "t", "weight"))
 
 
 def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataFrame,
-                  cfg: CommunitiesConfig, largest_component_only: bool) -> tuple[DataFrame, dict]:
-    """The communities table (Spark) and counts for the run summary."""
-    sources, targets, weights = collect_edges(entities, relationships)
-    n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
-    if largest_component_only and len(sources):
-        keep = largest_component_mask(sources, targets)
-        sources, targets, weights = sources[keep], targets[keep], weights[keep]
+                  cfg: CommunitiesConfig, largest_component_only: bool, graph_backend: str = "sql") -> tuple[DataFrame, dict]:
+    """The communities table (Spark) and counts for the run summary. ``graph_backend`` ``graphframes``
+    finds the largest component in the executors (GraphFrames) before the edges reach the driver."""
+    if largest_component_only and graph_backend == "graphframes":
+        from graphrag_spark.index.graph_backend import largest_component_nodes
+
+        edges = node_edges(entities, relationships).persist()
+        n_nodes = edges.select(F.col("s").alias("n")).union(edges.select(F.col("t").alias("n"))).distinct().count()
+        # Both ends of an edge lie in the same component.
+        sources, targets, weights = _arrays(edges.join(largest_component_nodes(spark, edges).withColumnRenamed("node", "s"),
+                                                       "s", "left_semi"))
+        edges.unpersist()
+    else:
+        sources, targets, weights = collect_edges(entities, relationships)
+        n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
+        if largest_component_only and len(sources):
+            keep = largest_component_mask(sources, targets)
+            sources, targets, weights = sources[keep], targets[keep], weights[keep]
     raw = run_leiden(sources, targets, weights, cfg) if len(sources) else pd.DataFrame(
         columns=["node", "cluster", "level", "parent_cluster", "is_final_cluster"])
     kept_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0

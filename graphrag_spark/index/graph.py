@@ -6,8 +6,8 @@
 - Edges: undirected (A-B == B-A), self-loops dropped, weight = number of instances (or the
   sum of extracted strengths). Edges whose endpoint is not a node are dropped, and counted
   (``dropped_relationships``) in the run summary.
-- Degree and combined degree are computed with DataFrame aggregations over the edge list
-  (the same definition as GraphFrames' ``degrees``; its JVM package is not used).
+- Degree and combined degree: GraphFrames' ``degrees`` where it loads, else the same count as a
+  DataFrame aggregation over the edge list (``graph_backend``, setting ``graph.backend``).
 - Everything runs in Spark SQL except name keys of non-ASCII names (Python
   ``normalize_name``); ids are ``content_id`` computed with ``sha2``; no step moves all rows
   into one task.
@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from graphrag_spark.config import GraphConfig
+from graphrag_spark.index import graph_backend
 from graphrag_spark.ids import content_id, normalize_name
 from graphrag_spark.tokens import count_tokens
 
@@ -208,14 +209,14 @@ def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphCon
             .withColumn("id", _content_id("source", "target")))
 
 
-def add_degrees(entities: DataFrame, relationships: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Degree per node, combined degree per edge, and deterministic human-readable ids.
+def add_degrees(entities: DataFrame, relationships: DataFrame, backend: str = "sql") -> tuple[DataFrame, DataFrame]:
+    """Degree per node (``backend``: ``sql`` or ``graphframes``, see graph_backend), combined degree per
+    edge, and deterministic human-readable ids.
 
     Human-readable ids rank nodes by degree (then title) and edges by combined degree (then
     weight, id), so the same graph always gets the same small integers to cite in reports.
     """
-    endpoints = relationships.select(F.col("source").alias("title")).unionAll(relationships.select(F.col("target").alias("title")))
-    degrees = endpoints.groupBy("title").agg(F.count(F.lit(1)).alias("degree"))
+    degrees = graph_backend.degrees(relationships, backend)
     entities = entities.join(degrees, "title", "left").fillna({"degree": 0})
     entities = entities.join(_ranks(entities.select("title", "degree"), "degree", [F.asc("title")]).drop("degree"), "title")
     src = degrees.select(F.col("title").alias("source"), F.col("degree").alias("source_degree"))

@@ -20,6 +20,7 @@ from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents
+from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.summarize import summarize_graph
 from graphrag_spark.llm.stage import StageUsage, new_run_id
 from graphrag_spark.index.embed import build_embeddings
@@ -97,7 +98,7 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
         nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
         # Persisted too: the degrees, the entities and the relationships written all read the edges.
         edges = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units).persist()
-        entities, relationships = graph.add_degrees(nodes, edges)
+        entities, relationships = graph.add_degrees(nodes, edges, resolve_backend(spark, cfg.graph.backend))
         store.write(entities, T.ENTITIES)
         store.write(relationships, T.RELATIONSHIPS)
         summary.counts["relationships dropped (endpoint not an entity)"] = graph.dropped_relationships(
@@ -117,7 +118,8 @@ def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
 
     with summary.stage("communities"):
         table, counts = communities.cluster_graph(spark, store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
-                                                  cfg.communities, cfg.graph.largest_component_only)
+                                                  cfg.communities, cfg.graph.largest_component_only,
+                                                  resolve_backend(spark, cfg.graph.backend))
         store.write(table, T.COMMUNITIES)
         summary.counts["communities per level"] = counts["communities_per_level"]
         summary.counts["entities not clustered"] = (summary.counts["entities"] - counts["clustered_entities"])
