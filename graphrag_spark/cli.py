@@ -139,6 +139,7 @@ _LAUNCHER_NOISE = re.compile(
     r"|Ivy Default Cache set to|The jars for the packages stored in|.* added as a dependency$"
     r"|.* from \w+ in \[default\]$|.* by \[.*\] in \[default\]$"
     r"|WARNING: Using incubator modules|Using Spark's default log4j profile|Setting Spark log level to"
+    r"|Setting default log level to|To adjust logging level use sc.setLogLevel"
     r"|.*You probably access the destination server through a proxy server"
     r"|\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN) )"
 )

@@ -32,6 +32,8 @@ You probably access the destination server through a proxy server that is not we
 Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties
 26/12/01 09:09:30 INFO SparkContext: Running Spark version 4.1.1
 Setting Spark log level to "WARN".
+Setting default log level to "WARN".
+To adjust logging level use sc.setLogLevel(newLevel). For SparkR, use setLogLevel(newLevel).
 """
 
 
