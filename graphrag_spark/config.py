@@ -231,6 +231,52 @@ class PromptsConfig(_Section):
     tune_language: str = Field("English", description="prompt-tune: language the tuned prompts are written in.")
 
 
+class EvaluationConfig(_Section):
+    """The paper's evaluation (jobs/evaluate.py): generated questions, answers from each condition,
+    pairwise LLM judging and claim-based metrics, all through llm.chat; tables under ``root``."""
+
+    root: str = Field("output/evaluation", description="Directory (or URI) of the evaluation's Delta tables; the report and heatmap go to `<root>/report` (or `report_dir`).")
+    report_dir: str | None = Field(None, description="Local (or /dbfs/...) folder for report.md and win_rates.png; None = `<root>/report`.")
+    conditions: list[str] = Field(
+        default_factory=lambda: ["C0", "C1", "TS", "SS"],
+        description="Conditions compared: `C<n>` = global search at level n, `TS` = map-reduce over text units, `SS` = basic (vector RAG), `local` or `local:<n>`, `raptor`.",
+    )
+    questions: str | None = Field(None, description="Evaluate these questions (text/.jsonl/.csv file, Delta path or table) instead of generating them.")
+    corpus_description: str | None = Field(None, description="Short description of the corpus for question generation; None = the model writes one from sampled text units.")
+    sample_units: int = Field(20, gt=0, description="Text units sampled (seeded) for the corpus description.")
+    description_max_words: int = Field(150, gt=0, description="Length of the model-written corpus description.")
+    personas: int = Field(5, gt=0, description="K: personas of potential users (paper: 5).")
+    tasks_per_persona: int = Field(5, gt=0, description="N: tasks per persona (paper: 5).")
+    questions_per_task: int = Field(5, gt=0, description="M: questions per persona-task (paper: 5; K*N*M = 125).")
+    near_duplicate_rouge: float = Field(
+        0.9, gt=0, le=1, description="A question whose ROUGE-L with a kept question reaches this is a near-duplicate and removed (as is one with the same content words)."
+    )
+    criteria: list[Literal["comprehensiveness", "diversity", "empowerment", "directness"]] = Field(
+        default_factory=lambda: ["comprehensiveness", "diversity", "empowerment", "directness"],
+        description="Judged criteria; directness is the paper's control.",
+    )
+    repeats: int = Field(5, gt=0, description="R: each comparison is judged this many times in each presentation order (paper: 5).")
+    judge_temperature: float = Field(0.7, ge=0, le=2, description="Judge sampling temperature: repeats only differ when it is above 0.")
+    aa_check: bool = Field(True, description="Also judge the first condition against itself (the A/A sanity check: about 50%).")
+    claims: bool = Field(True, description="Extract claims from every answer and report claim and cluster counts.")
+    cluster_thresholds: list[float] = Field(
+        default_factory=lambda: [0.5, 0.6, 0.7, 0.8], description="Distance thresholds (1 - ROUGE-L) of the claim clustering (paper: 0.5-0.8)."
+    )
+    alpha: float = Field(0.05, gt=0, lt=1, description="Significance level after Holm-Bonferroni correction.")
+    seed: int = Field(7, description="Seed of the text-unit sample.")
+    generation_max_tokens: int = Field(1500, gt=0, description="max_tokens of a description, persona, task or question call.")
+    judge_max_tokens: int = Field(600, gt=0, description="max_tokens of one judgement.")
+    claims_max_tokens: int = Field(2000, gt=0, description="max_tokens of one claim selection or decomposition call.")
+
+    @model_validator(mode="after")
+    def _thresholds_are_distances(self) -> "EvaluationConfig":
+        if not self.conditions:
+            raise ValueError("evaluation.conditions must name at least one condition")
+        if any(not 0 < t <= 1 for t in self.cluster_thresholds):
+            raise ValueError("evaluation.cluster_thresholds are distances 1 - ROUGE-L, each in (0, 1]")
+        return self
+
+
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
@@ -267,6 +313,7 @@ class Config(_Section):
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     raptor: RaptorConfig = Field(default_factory=RaptorConfig)
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     TimestampType,
     DoubleType,
     FloatType,
@@ -50,6 +51,12 @@ RAPTOR_NODES = "raptor_nodes"
 RAPTOR_EDGES = "raptor_edges"
 # Not an index table: the Delta table that `jobs/query.py --questions ... --output PATH` writes.
 QUERY_ANSWERS = "query_answers"
+# The evaluation's tables (jobs/evaluate.py), under evaluation.root, with its own llm_results/llm_usage.
+EVAL_QUESTIONS = "eval_questions"
+EVAL_ANSWERS = "eval_answers"
+EVAL_JUDGEMENTS = "eval_judgements"
+EVAL_CLAIMS = "eval_claims"
+EVAL_COMPARISONS = "eval_comparisons"
 
 SCHEMAS: dict[str, StructType] = {
     DOCUMENTS: _schema(
@@ -122,7 +129,33 @@ SCHEMAS: dict[str, StructType] = {
         ("context_tokens", LONG), ("prompt_tokens", LONG), ("completion_tokens", LONG), ("llm_calls", INT),
         ("failed_llm_calls", INT), ("malformed_map_answers", INT), ("latency_s", DBL),
     ),
+    # Every generated (or given) question; duplicate_of names the kept question a dropped one repeats.
+    EVAL_QUESTIONS: _schema(
+        ("id", STR), ("position", INT), ("persona", STR), ("task", STR), ("question", STR), ("duplicate_of", STR),
+    ),
+    # One judgement per (question, pair, criterion, order, repeat); score_a is the first condition's 100/50/0,
+    # null with the error when the judgement failed (retried by the next run).
+    EVAL_JUDGEMENTS: _schema(
+        ("question_id", STR), ("condition_a", STR), ("condition_b", STR), ("criterion", STR), ("order", STR),
+        ("repeat", INT), ("winner", INT), ("score_a", DBL), ("reasoning", STR), ("error", STR),
+    ),
+    # Claims of one answer after deduplication, and its cluster count at each threshold.
+    EVAL_CLAIMS: _schema(
+        ("question_id", STR), ("condition", STR), ("n_sentences", INT), ("n_selected", INT), ("claims", STRS),
+        ("n_claims", INT), ("cluster_thresholds", ArrayType(DoubleType())), ("n_clusters", INTS), ("error", STR),
+    ),
+    # One row per metric (a criterion, `claims` or `clusters@<t>`) and condition pair: win rate of a over b
+    # (judged: mean score; claims: questions where a has more, ties half), means, Wilcoxon and Holm.
+    EVAL_COMPARISONS: _schema(
+        ("metric", STR), ("condition_a", STR), ("condition_b", STR), ("n_questions", INT), ("win_rate", DBL),
+        ("mean_a", DBL), ("mean_b", DBL), ("statistic", DBL), ("p_value", DBL), ("p_holm", DBL),
+        ("significant", BooleanType()),
+    ),
 }
+
+# One answer per (question, condition): query_answers' columns plus the two keys.
+SCHEMAS[EVAL_ANSWERS] = _schema(("question_id", STR), ("condition", STR),
+                                *((f.name, f.dataType) for f in SCHEMAS[QUERY_ANSWERS].fields))
 
 
 class TableStore:

@@ -22,8 +22,8 @@ missing and the continuation returns them, so gleanings measurably add recall. C
 one per related pair. Community reports: JSON built from the context tables with
 ``[Data: ...]`` references to their ids. Global map: one point per context row whose
 words overlap the question, scored by that overlap (0 points = "cannot answer"),
-citing the row ids. Reduce: markdown keeping the citations. Other prompts: extractive
-summaries. Embeddings: unit vectors of signed hashed character trigrams, so similar
+citing the row ids. Reduce: markdown keeping the citations. Evaluation prompts (questions,
+pairwise judge, claims): see their section below. Other prompts: extractive summaries. Embeddings: unit vectors of signed hashed character trigrams, so similar
 texts get similar vectors.
 
 With ``echo_auth`` every completion and embeddings request is answered 401 with its ``Authorization`` header quoted in
@@ -76,6 +76,13 @@ MARKERS: dict[str, str] = {
     "tune_domain": "Name the domain these documents come from",
     "tune_persona": "Describe the expert best placed to analyse",
     "tune_entity_types": "List the kinds of entities worth extracting",
+    "eval_corpus_summary": "Describe the dataset these excerpts come from",
+    "eval_personas": "describe the potential users of this dataset",
+    "eval_tasks": "list the tasks this user would use the dataset for",
+    "eval_questions": "write high-level questions that need an understanding of the entire dataset",
+    "eval_judge": "decide which of the two answers is better by the measure below",
+    "eval_claim_selection": "Pick the sentences that state at least one verifiable fact",
+    "eval_claim_decomposition": "Rewrite the sentences below as simple, standalone factual claims",
 }
 
 EMBEDDING_DIM = 384
@@ -423,6 +430,128 @@ def _tune_entity_types(prompt: str) -> str:
 
 
 _TUNE_ANSWERS = {"tune_domain": _tune_domain, "tune_persona": _tune_persona, "tune_entity_types": _tune_entity_types}
+# ---------------------------------------------------------------- evaluation prompts
+#
+# Question generation draws personas, tasks and questions from templates filled with the names the
+# corpus description mentions. The judge scores each answer on a criterion's proxy (distinct content
+# words, distinct cited ids, data references, brevity for directness); on a tie of the proxy it says
+# tie, except that for two identical answers it prefers Answer 1, the position bias real judges show,
+# which the two presentation orders must cancel. Claims: sentences of five or more words are
+# selected, and split at "; " and " and " into claims.
+
+_ROLES = ("Journalist", "Policy analyst", "Researcher", "Educator", "Community organiser", "Investor", "Historian",
+          "Regulator")
+_TASKS = ("Track how {t} developed over time", "Compare the positions of the main actors on {t}",
+          "Explain the causes and consequences of {t}", "Brief newcomers on the key themes around {t}",
+          "Assess the risks and opportunities linked to {t}", "Map the groups involved with {t} and their interests")
+_QUESTIONS = ("What are the main themes connecting {a} and {b}?",
+              "How do different groups view {a}, and how do their views compare with those on {b}?",
+              "What patterns emerge in how {a} affects {b} across the documents?",
+              "Which developments around {a} matter most for {b}, and why?",
+              "How has the debate about {a} evolved, and what role does {b} play in it?",
+              "What common causes lie behind {a} and {b}?",
+              "What would someone misunderstand about {a} without knowing about {b}?")
+_DATA_IDS = re.compile(r"\[Data:([^\[\]]*)\]")
+
+
+def _topics(text: str) -> list[str]:
+    """Names the text mentions, most frequent first (content words when it names nothing)."""
+    names = Counter()
+    for match in _PHRASE.finditer(text):
+        words = [w for w in match.group().split() if w.lower() not in _STOPWORDS]
+        if words and not (len(words) == 1 and len(words[0]) < 4):
+            names[" ".join(words)] += 1
+    return [name for name, _ in names.most_common()] or sorted(_words(text)) or ["the dataset"]
+
+
+def _wanted(prompt: str) -> int:
+    match = re.search(r"exactly (\d+)", prompt)
+    return int(match.group(1)) if match else 5
+
+
+def _eval_corpus_summary(prompt: str) -> str:
+    excerpts = _between(prompt, "-Excerpts-\n", "\n-End of excerpts-")
+    return f"A collection of documents about {', '.join(_topics(excerpts)[:8])}. {_summary(excerpts, 60)}"
+
+
+def _eval_personas(prompt: str) -> str:
+    topics = _topics(_between(prompt, "-Dataset description-\n", "\n-End of description-"))
+    personas = [{"name": f"{_ROLES[k % len(_ROLES)]} following {topics[k % len(topics)]}",
+                 "description": f"Wants to understand the role of {topics[k % len(topics)]} across the dataset."}
+                for k in range(_wanted(prompt))]
+    return json.dumps({"personas": personas})
+
+
+def _eval_tasks(prompt: str) -> str:
+    persona = _between(prompt, "-User-\n", "\n-End of user-")
+    topics = _topics(persona + "\n" + _between(prompt, "-Dataset description-\n", "\n-End of description-"))
+    start = _hash_int("tasks", persona)
+    return json.dumps({"tasks": [_TASKS[(start + n) % len(_TASKS)].format(t=topics[n % len(topics)])
+                                 for n in range(_wanted(prompt))]})
+
+
+def _eval_questions(prompt: str) -> str:
+    task = _between(prompt, "-Task-\n", "\n-End of task-")
+    topics = _topics(_between(prompt, "-Dataset description-\n", "\n-End of description-"))
+    focus = next((t for t in topics if t in task), topics[0])
+    others = [t for t in topics if t != focus] or topics
+    start = _hash_int("questions", task)
+    return json.dumps({"questions": [
+        _QUESTIONS[(start + m) % len(_QUESTIONS)].format(a=focus, b=others[(start + m) % len(others)])
+        for m in range(_wanted(prompt))]})
+
+
+def _judge_proxy(criterion: str, text: str) -> tuple[int, ...]:
+    cited = {i.strip() for block in _DATA_IDS.findall(text) for i in re.findall(r"\d+", block)}
+    if criterion == "directness":
+        return (-len(text.split()),)
+    if criterion == "diversity":
+        return len(cited), len(set(_sentences(text)))
+    if criterion == "empowerment":
+        return len(_DATA_IDS.findall(text)), len(cited)
+    return (len(_words(text)),)
+
+
+def _eval_judge(prompt: str) -> str:
+    criterion = _between(prompt, "-Measure-\n", ":").lower()
+    first = _between(prompt, "-Answer 1-\n", "\n-End of answer 1-")
+    second = _between(prompt, "-Answer 2-\n", "\n-End of answer 2-")
+    a, b = _judge_proxy(criterion, first), _judge_proxy(criterion, second)
+    winner = 1 if first == second or a > b else 2 if b > a else 0
+    reasoning = ("Both answers are the same; Answer 1 is preferred." if first == second else
+                 f"On {criterion}, Answer 1 scores {a} and Answer 2 scores {b}.")
+    return json.dumps({"reasoning": reasoning, "winner": winner})
+
+
+def _numbered(block: str) -> list[tuple[int, str]]:
+    lines = [re.match(r"\s*(\d+)[.)]\s*(.*)", line) for line in block.splitlines()]
+    return [(int(m.group(1)), m.group(2).strip()) for m in lines if m]
+
+
+def _eval_claim_selection(prompt: str) -> str:
+    sentences = _numbered(_between(prompt, "-Sentences-\n", "\n-End of sentences-"))
+    return json.dumps({"sentences": [n for n, s in sentences if len(s.split()) >= 5 and not s.endswith("?")]})
+
+
+def _eval_claim_decomposition(prompt: str) -> str:
+    claims = []
+    for _, sentence in _numbered(_between(prompt, "-Sentences-\n", "\n-End of sentences-")):
+        parts = [p.strip(" .;,") for p in re.split(r";\s+|\s+and\s+", sentence)]
+        if any(len(p.split()) < 3 for p in parts):
+            parts = [sentence.strip(" .")]
+        claims.extend(f"{p[0].upper()}{p[1:]}." for p in parts if p)
+    return json.dumps({"claims": claims})
+
+
+_EVALUATION_ANSWERS = {
+    "eval_corpus_summary": _eval_corpus_summary,
+    "eval_personas": _eval_personas,
+    "eval_tasks": _eval_tasks,
+    "eval_questions": _eval_questions,
+    "eval_judge": _eval_judge,
+    "eval_claim_selection": _eval_claim_selection,
+    "eval_claim_decomposition": _eval_claim_decomposition,
+}
 
 
 def answer(messages: list[dict]) -> tuple[str, str]:
@@ -454,6 +583,8 @@ def answer(messages: list[dict]) -> tuple[str, str]:
         return kind, _TUNE_ANSWERS[kind](last)
     if kind == "raptor_summary":
         return kind, _summary(last.split(MARKERS["raptor_summary"] + ":", 1)[-1].strip().rstrip(":"))
+    if kind in _EVALUATION_ANSWERS:
+        return kind, _EVALUATION_ANSWERS[kind](last)
     return kind, _summary(last)
 
 
