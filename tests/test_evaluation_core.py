@@ -4,7 +4,6 @@ clustering, verdict scoring and counterbalancing, question dedup, claim and verd
 from __future__ import annotations
 
 import itertools
-import json
 
 import numpy as np
 import pandas as pd
@@ -159,3 +158,35 @@ def test_report_renders_matrices_aa_claims_and_cost_and_a_heatmap(tmp_path):
     assert "A/A sanity check" in text and "8 judgements per question per condition pair" in text
     png = write_heatmap(comparisons, ["comprehensiveness"], ["C0", "SS"], tmp_path / "heat.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _served(prompt_name: str, **values) -> str:
+    from graphrag_spark.llm.server import answer
+    from graphrag_spark.prompts import load_prompt
+
+    kind, text = answer([{"role": "user", "content": load_prompt(prompt_name).render(**values)}])
+    assert kind == prompt_name
+    return text
+
+
+def test_the_local_server_answers_the_evaluation_prompts_in_their_formats():
+    description = _served("eval_corpus_summary", excerpts="The Harbour Board met Fishermen of Eastport. "
+                          "The Harbour Board plans dredging near Eastport.", max_words=50)
+    assert "Harbour Board" in description
+    personas = parse_personas(_served("eval_personas", corpus_description=description, n_personas=3), 3)
+    assert len(personas) == 3
+    tasks = parse_strings(_served("eval_tasks", corpus_description=description, persona=personas[0].render(), n_tasks=4), "tasks", 4)
+    assert len(tasks) == 4
+    questions = parse_strings(_served("eval_questions", corpus_description=description, persona=personas[0].render(),
+                                      task=tasks[0], n_questions=5), "questions", 5)
+    assert len(questions) == 5 and all(q.endswith("?") for q in questions)
+    short, long = "The Board plans dredging [Data: Reports (1)].", "The Board plans dredging [Data: Reports (1, 2)]. Fishermen object to it strongly."
+    judge = lambda a, b, c: parse_verdict(_served("eval_judge", criterion=c, criterion_description="...", question="Q?",
+                                                  answer_1=a, answer_2=b)).winner
+    assert judge(short, long, "comprehensiveness") == 2 and judge(long, short, "comprehensiveness") == 1
+    assert judge(short, long, "directness") == 1 and judge(long, long, "diversity") == 1
+    numbered = "1. The Board plans dredging near Eastport.\n2. Why?\n3. Fishermen object and the Board listens closely."
+    assert parse_selection(_served("eval_claim_selection", question="Q?", sentences=numbered), 3) == [1, 3]
+    selected = "1. The Board plans dredging near Eastport.\n2. Fishermen of Eastport object and the Board listens closely."
+    assert parse_claims(_served("eval_claim_decomposition", question="Q?", sentences=selected)) == [
+        "The Board plans dredging near Eastport.", "Fishermen of Eastport object.", "The Board listens closely."]

@@ -1,6 +1,6 @@
 """The evaluation end to end on the sample index, every LLM call through the local server over HTTP.
 The server's answers carry no meaning, so this checks shape, counterbalancing, the A/A check and
-that a rerun pays for nothing."""
+that a rerun (from the evaluation notebook) pays for nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from graphrag_spark import tables as T
 from graphrag_spark.evaluation.judge import CRITERIA
 from graphrag_spark.evaluation.run import Evaluation
 from graphrag_spark.llm.server import start_server
+from graphrag_spark.config import load_config
 from graphrag_spark.query.api import GraphRagIndex
+
+from conftest import REPO
+from test_notebooks import run_notebook
 
 pytestmark = pytest.mark.spark
 
@@ -22,22 +26,23 @@ REPEATS = 2
 
 @pytest.fixture(scope="module")
 def evaluated(spark, sample_index, tmp_path_factory):
-    from conftest import REPO
-    from graphrag_spark.config import load_config
-
+    """One evaluation, then its rerun through the evaluation notebook (same config, so all cache hits)."""
     root = tmp_path_factory.mktemp("evaluation")
     with start_server() as server:
-        cfg = load_config(REPO / "conf" / "local.yaml", [
-            f"storage.root={sample_index[0].storage.root}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
-            "query.llm=true", f"llm.chat.api_base={server.base_url}", "llm.chat.max_retries=0",
-            "llm.items_per_commit=1000", f"evaluation.root={root}", f"evaluation.conditions=[{', '.join(CONDITIONS)}]",
-            "evaluation.personas=2", "evaluation.tasks_per_persona=2", "evaluation.questions_per_task=2",
-            f"evaluation.repeats={REPEATS}", "evaluation.sample_units=5"])
-        index = GraphRagIndex(spark, cfg)
-        first = Evaluation(index).run()
+        overrides = [f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", "query.llm=true", f"llm.chat.api_base={server.base_url}",
+                     "llm.chat.max_retries=0", "llm.items_per_commit=1000", f"evaluation.root={root}",
+                     f"evaluation.conditions=[{', '.join(CONDITIONS)}]", "evaluation.personas=2",
+                     "evaluation.tasks_per_persona=2", "evaluation.questions_per_task=2",
+                     f"evaluation.repeats={REPEATS}", "evaluation.sample_units=5"]
+        cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={sample_index[0].storage.root}", *overrides])
+        first = Evaluation(GraphRagIndex(spark, cfg)).run()
         first_stats = server.stats()
         server.reset()
-        again = Evaluation(index).run()
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("GRAPHRAG_CONFIG", str(REPO / "conf" / "local.yaml"))
+            env.setenv("GRAPHRAG_INDEX_ROOT", str(sample_index[0].storage.root))
+            env.setenv("GRAPHRAG_SET", ";".join(overrides))
+            again = run_notebook(REPO / "notebooks" / "evaluate.py", spark)["result"]
         yield cfg, first, first_stats, again, server.stats()
 
 
@@ -109,7 +114,7 @@ def test_report_and_heatmap_are_written(evaluated):
     assert first.heatmap_path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_rerun_makes_no_call_and_gives_the_same_results(evaluated):
+def test_a_rerun_from_the_notebook_makes_no_call_and_gives_the_same_results(evaluated):
     _, first, _, again, stats = evaluated
     assert stats["requests"]["chat"] == 0 and stats["requests"]["embeddings"] == 0
     assert again.llm_calls == 0

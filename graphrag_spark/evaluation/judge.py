@@ -50,7 +50,3 @@ def parse_verdict(text: str) -> Verdict | None:
     value = str(raw).strip().lower().removeprefix("answer").strip()
     winner = {"1": 1, "2": 2, "0": 0, "tie": 0}.get(value)
     return None if winner is None else Verdict(winner, " ".join(reasoning.split())[:2000])
-
-
-def judgement_id(question_id: str, first: str, second: str, criterion: str, order: str, repeat: int) -> str:
-    return "|".join((question_id, first, second, criterion, order, str(repeat)))

@@ -9,6 +9,7 @@ failed). A rerun of a finished evaluation therefore makes no LLM call at all.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -21,10 +22,10 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config, StorageConfig
-from graphrag_spark.errors import UserError
+from graphrag_spark.errors import StageFailed, UserError
 from graphrag_spark.evaluation import claims as C
 from graphrag_spark.evaluation.compare import compare_claims, compare_judgements, condition_means
-from graphrag_spark.evaluation.judge import CRITERIA, ORDERS, condition_pairs, judgement_id, parse_verdict
+from graphrag_spark.evaluation.judge import CRITERIA, ORDERS, condition_pairs, parse_verdict
 from graphrag_spark.evaluation.questions import dedupe_questions, parse_personas, parse_strings
 from graphrag_spark.evaluation.report import Cost, render_markdown, write_heatmap
 from graphrag_spark.evaluation.rouge import cluster_counts
@@ -35,6 +36,11 @@ from graphrag_spark.llm.stage import LlmWork, StageUsage, new_run_id, run_llm_st
 from graphrag_spark.prompts import Prompt, load_prompt
 from graphrag_spark.query.api import GraphRagIndex
 from graphrag_spark.query.batch import answers_frame, read_questions
+
+
+class _GenerationFailed(Exception):
+    """A question-generation call failed or was unreadable: the whole generation item is retried next run."""
+
 
 _METHODS = {"TS": ("ts", None), "SS": ("basic", None), "ts": ("ts", None), "basic": ("basic", None),
             "raptor": ("raptor", None), "local": ("local", None)}
@@ -114,36 +120,68 @@ class Evaluation:
         self.usage: list[StageUsage] = []
         self.answer_cost = Cost("answers", 0, 0, 0, 0)
 
-    def _stage(self, stage: str, items: DataFrame, work, prompt: Prompt, params: dict) -> dict[str, tuple[Any, str | None]]:
+    def _stage(self, stage: str, items: DataFrame, work, prompt_version: str, params: dict) -> dict[str, tuple[Any, str | None]]:
         outcome, usage = run_llm_stage(self.spark, self.store, self.cfg.llm, self.cfg.llm.chat, stage, items, work,
-                                       self.run_id, prompt.version, params)
+                                       self.run_id, prompt_version, params)
         self.usage.append(usage)
         return {r.item_id: (json.loads(r.result) if r.result is not None else None, r.error)
                 for r in outcome.select("item_id", "result", "error").collect()}
 
-    def _one_call_stage(self, stage: str, prompt_name: str, payloads: dict[str, dict], parse, max_tokens: int,
-                        temperature: float | None = None) -> dict[str, tuple[Any, str | None]]:
-        prompt = load_prompt(prompt_name)
-        items = self.spark.createDataFrame([(k, json.dumps(v, sort_keys=True)) for k, v in payloads.items()],
-                                           "item_id string, payload string")
-        work = _chat_work(prompt, parse, max_tokens, stage, temperature)
-        return self._stage(stage, items, work, prompt, {"max_tokens": max_tokens, "temperature": temperature})
-
     # ------------------------------------------------------------------ 1. questions
 
-    def corpus_description(self) -> str:
-        if self.ev.corpus_description:
-            return self.ev.corpus_description
+    def _excerpts(self) -> str:
+        """A seeded sample of text units, for the model to describe the corpus from."""
         units = (self.index.table(T.TEXT_UNITS).orderBy(F.sha2(F.concat(F.lit(str(self.ev.seed)), F.col("id")), 256))
                  .limit(self.ev.sample_units).select("text").collect())
-        excerpts = "\n\n".join(f"Excerpt {i}:\n{r.text}" for i, r in enumerate(units, start=1))
-        done = self._one_call_stage("eval_corpus_summary", "eval_corpus_summary",
-                                    {"description": {"excerpts": excerpts, "max_words": self.ev.description_max_words}},
-                                    lambda text, _: " ".join(text.split()) or None, self.ev.generation_max_tokens)
-        description, error = done["description"]
-        if description is None:
-            raise UserError(f"The model could not describe the corpus ({error}); set evaluation.corpus_description.")
-        return description
+        return "\n\n".join(f"Excerpt {i}:\n{r.text}" for i, r in enumerate(units, start=1))
+
+    def _generate(self) -> dict:
+        """Algorithm 1 as one cached LLM item: description, personas, tasks per persona (concurrently), then
+        questions per persona-task (concurrently). A failed or unreadable call fails the item, so the next run
+        retries it; a finished generation is never paid again."""
+        ev = self.ev
+        prompts = {name: load_prompt(f"eval_{name}") for name in ("corpus_summary", "personas", "tasks", "questions")}
+        payload = {"corpus_description": ev.corpus_description or "", "excerpts": "" if ev.corpus_description else self._excerpts(),
+                   "max_words": ev.description_max_words, "n_personas": ev.personas, "n_tasks": ev.tasks_per_persona,
+                   "n_questions": ev.questions_per_task}
+        max_tokens = ev.generation_max_tokens
+
+        async def work(client: LlmClient, item: dict) -> LlmWork:
+            values = json.loads(item["payload"])
+            calls = []
+
+            async def ask(name: str, parse: Callable[[str], Any], **extra: Any) -> Any:
+                prompt = prompts[name]
+                call = await client.chat(_messages(prompt, {**values, **extra}), max_tokens=max_tokens,
+                                         item_id=item["item_id"], stage="eval_generation", prompt_version=prompt.version)
+                calls.append(call)
+                parsed = None if call.error else parse(call.text)
+                if parsed is None:
+                    raise _GenerationFailed(call.error or f"unreadable eval_{name} answer: {call.text[:200]!r}")
+                return parsed
+
+            try:
+                description = values["corpus_description"] or await ask("corpus_summary", lambda t: " ".join(t.split()) or None)
+                values["corpus_description"] = description
+                personas = await ask("personas", lambda t: [p.render() for p in parse_personas(t, values["n_personas"])] or None)
+                tasks = await asyncio.gather(*(ask("tasks", lambda t: parse_strings(t, "tasks", values["n_tasks"]) or None,
+                                                   persona=p) for p in personas))
+                persona_tasks = [(p, t) for p, ts in zip(personas, tasks) for t in ts]
+                questions = await asyncio.gather(*(
+                    ask("questions", lambda t: parse_strings(t, "questions", values["n_questions"]) or None, persona=p, task=t)
+                    for p, t in persona_tasks))
+            except _GenerationFailed as exc:
+                return LlmWork(None, calls, str(exc))
+            return LlmWork({"description": description,
+                            "rows": [[p, t, q] for (p, t), qs in zip(persona_tasks, questions) for q in qs]}, calls)
+
+        items = self.spark.createDataFrame([("generation", json.dumps(payload, sort_keys=True))], "item_id string, payload string")
+        version = "+".join(p.version for p in prompts.values())
+        done = self._stage("eval_generation", items, work, version, {"max_tokens": max_tokens})
+        result, error = done["generation"]
+        if result is None:
+            raise StageFailed(f"Question generation failed ({error}); rerun to retry it, or give evaluation.questions.")
+        return result
 
     def generate_questions(self) -> pd.DataFrame:
         """Personas -> tasks -> questions (Algorithm 1), deduplicated, written to eval_questions."""
@@ -151,25 +189,7 @@ class Evaluation:
         if ev.questions:
             rows = [("", "", q) for q in read_questions(self.spark, ev.questions)]
         else:
-            description = self.corpus_description()
-            personas_done = self._one_call_stage(
-                "eval_personas", "eval_personas", {"personas": {"corpus_description": description, "n_personas": ev.personas}},
-                lambda text, values: [p.render() for p in parse_personas(text, values["n_personas"])] or None,
-                ev.generation_max_tokens)
-            personas = personas_done["personas"][0] or []
-            tasks_done = self._one_call_stage(
-                "eval_tasks", "eval_tasks",
-                {f"p{k}": {"corpus_description": description, "persona": p, "n_tasks": ev.tasks_per_persona}
-                 for k, p in enumerate(personas)},
-                lambda text, values: parse_strings(text, "tasks", values["n_tasks"]) or None, ev.generation_max_tokens)
-            persona_tasks = [(p, t) for k, p in enumerate(personas) for t in (tasks_done[f"p{k}"][0] or [])]
-            questions_done = self._one_call_stage(
-                "eval_questions", "eval_questions",
-                {f"t{i}": {"corpus_description": description, "persona": p, "task": t, "n_questions": ev.questions_per_task}
-                 for i, (p, t) in enumerate(persona_tasks)},
-                lambda text, values: parse_strings(text, "questions", values["n_questions"]) or None,
-                ev.generation_max_tokens)
-            rows = [(p, t, q) for i, (p, t) in enumerate(persona_tasks) for q in (questions_done[f"t{i}"][0] or [])]
+            rows = [tuple(row) for row in self._generate()["rows"]]
         if not rows:
             raise UserError("No questions to evaluate: the generation returned none (see the eval_* rows of "
                             f"'{self.store.location(T.LLM_RESULTS)}'), or evaluation.questions holds none.")
@@ -198,8 +218,8 @@ class Evaluation:
             frame = answers_frame(self.spark, pending["question"].tolist(), results).toPandas()
             frame.insert(0, "condition", condition)
             frame.insert(0, "question_id", pending["id"].tolist())
-            stored = pd.concat([stored[~((stored["condition"] == condition) & stored["question_id"].isin(pending["id"]))],
-                                frame[columns]], ignore_index=True)
+            kept = stored[~((stored["condition"] == condition) & stored["question_id"].isin(pending["id"]))]
+            stored = pd.concat([kept, frame[columns]], ignore_index=True) if len(kept) else frame[columns]
             self.store.write(self.spark.createDataFrame(stored[columns], T.SCHEMAS[T.EVAL_ANSWERS]), T.EVAL_ANSWERS)
             self.answer_cost = Cost("answers", self.answer_cost.items + len(frame),
                                     self.answer_cost.calls + int(frame["llm_calls"].sum()),
@@ -236,7 +256,7 @@ class Evaluation:
             return None if verdict is None else {"winner": verdict.winner, "reasoning": verdict.reasoning}
 
         work = _chat_work(prompt, parse, ev.judge_max_tokens, "eval_judge", ev.judge_temperature)
-        done = self._stage("eval_judge", items, work, prompt,
+        done = self._stage("eval_judge", items, work, prompt.version,
                            {"max_tokens": ev.judge_max_tokens, "temperature": ev.judge_temperature})
         rows = []
         for item_id, (result, error) in done.items():
@@ -289,14 +309,11 @@ class Evaluation:
                 claims = C.dedupe_claims(parsed)
             return LlmWork({"n_sentences": len(sentences), "selected": selected, "claims": claims}, calls)
 
-        version = f"{select_prompt.version}+{split_prompt.version}"
-        outcome, usage = run_llm_stage(self.spark, self.store, self.cfg.llm, self.cfg.llm.chat, "eval_claims", items, work,
-                                       self.run_id, version, {"max_tokens": max_tokens})
-        self.usage.append(usage)
+        done = self._stage("eval_claims", items, work, f"{select_prompt.version}+{split_prompt.version}",
+                           {"max_tokens": max_tokens})
         rows = []
-        for r in outcome.select("item_id", "result", "error").collect():
-            question_id, condition = r.item_id.split("|")
-            result = json.loads(r.result) if r.result is not None else None
+        for item_id, (result, error) in done.items():
+            question_id, condition = item_id.split("|")
             claims = result["claims"] if result else None
             counts = cluster_counts(claims, ev.cluster_thresholds) if claims is not None else None
             rows.append({"question_id": question_id, "condition": condition,
@@ -304,7 +321,7 @@ class Evaluation:
                          "n_selected": len(result["selected"]) if result else None, "claims": claims,
                          "n_claims": len(claims) if claims is not None else None,
                          "cluster_thresholds": list(ev.cluster_thresholds),
-                         "n_clusters": [counts[t] for t in ev.cluster_thresholds] if counts else None, "error": r.error})
+                         "n_clusters": [counts[t] for t in ev.cluster_thresholds] if counts else None, "error": error})
         frame = pd.DataFrame(rows, columns=[f.name for f in T.SCHEMAS[T.EVAL_CLAIMS].fields])
         self.store.write(self.spark.createDataFrame(frame.astype(object).where(frame.notna(), None),
                                                     T.SCHEMAS[T.EVAL_CLAIMS]), T.EVAL_CLAIMS)
@@ -313,8 +330,7 @@ class Evaluation:
     # ------------------------------------------------------------------ 5. comparisons and report
 
     def costs(self) -> list[Cost]:
-        steps = {"eval_corpus_summary": "description", "eval_personas": "personas", "eval_tasks": "tasks",
-                 "eval_questions": "questions", "eval_judge": "judge", "eval_claims": "claims"}
+        steps = {"eval_generation": "questions", "eval_judge": "judge", "eval_claims": "claims"}
         return [Cost(steps.get(u.stage, u.stage), u.items, u.calls, u.prompt_tokens, u.completion_tokens)
                 for u in self.usage] + [self.answer_cost]
 
