@@ -42,6 +42,10 @@ def test_code_defaults_are_the_papers_parameters():
     raptor = cfg.raptor
     assert (raptor.threshold, raptor.reduction_dim, raptor.local_neighbors) == (0.1, 10, 10)
     assert (raptor.retrieval, raptor.max_context_tokens, raptor.chunk_tokens) == ("collapsed_tree", 2000, 100)
+    ev = cfg.evaluation
+    assert (ev.personas, ev.tasks_per_persona, ev.questions_per_task, ev.repeats) == (5, 5, 5, 5)
+    assert ev.criteria == ["comprehensiveness", "diversity", "empowerment", "directness"]
+    assert ev.cluster_thresholds == [0.5, 0.6, 0.7, 0.8]
     params = RaptorParams()
     assert (params.threshold, params.reduction_dim, params.local_neighbors, params.chunk_tokens) == (0.1, 10, 10, 100)
 

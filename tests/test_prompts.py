@@ -22,6 +22,13 @@ EXPECTED_VARIABLES = {
     "tune_domain": {"sample_text"},
     "tune_persona": {"domain"},
     "tune_entity_types": {"domain", "sample_text", "max_types"},
+    "eval_corpus_summary": {"excerpts", "max_words"},
+    "eval_personas": {"corpus_description", "n_personas"},
+    "eval_tasks": {"corpus_description", "persona", "n_tasks"},
+    "eval_questions": {"corpus_description", "persona", "task", "n_questions"},
+    "eval_judge": {"criterion", "criterion_description", "question", "answer_1", "answer_2"},
+    "eval_claim_selection": {"question", "sentences"},
+    "eval_claim_decomposition": {"question", "sentences"},
 }
 
 
