@@ -9,7 +9,32 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+# Under Connect with neither setting given (Databricks serverless sizes shuffles itself): tasks per LLM wave.
+CONNECT_FALLBACK_PARALLELISM = 8
+
 
 def is_connect(spark: SparkSession) -> bool:
     """True for a Spark Connect session; tested on the class so no Connect module is imported."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Task slots to spread a job over. A Connect client cannot ask the cluster, so it reads
+    ``spark.default.parallelism``, else an integer ``spark.sql.shuffle.partitions``."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    for key in ("spark.default.parallelism", "spark.sql.shuffle.partitions"):
+        value = spark.conf.get(key, None)
+        if value and value.isdigit() and int(value) > 0:
+            return int(value)
+    return CONNECT_FALLBACK_PARALLELISM
+
+
+def analysis_condition(exc: BaseException) -> str | None:
+    """The error condition (e.g. ``PATH_NOT_FOUND``) of a Spark analysis error, classic or Connect; None otherwise."""
+    from pyspark.errors import AnalysisException
+
+    if not isinstance(exc, AnalysisException):
+        return None
+    condition = getattr(exc, "getCondition", None) or exc.getErrorClass  # getErrorClass: pyspark 3.5
+    return condition()

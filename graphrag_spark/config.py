@@ -30,6 +30,15 @@ class StorageConfig(_Section):
     database: str | None = Field(
         None, description="If set, tables are metastore tables `<database>.<name>` instead of paths under `root`."
     )
+    catalog: str | None = Field(
+        None, description="With `database`: the catalog (Unity Catalog, or `spark_catalog`), so tables are `<catalog>.<database>.<name>`."
+    )
+
+    @model_validator(mode="after")
+    def _catalog_needs_database(self) -> "StorageConfig":
+        if self.catalog and not self.database:
+            raise ValueError("storage.catalog needs storage.database (the schema the tables live in)")
+        return self
 
 
 class InputConfig(_Section):
@@ -278,7 +287,7 @@ class EvaluationConfig(_Section):
 
 
 class SparkConfig(_Section):
-    master: str | None = Field(None, description="Master URL; None = what spark-submit supplies, else local[*].")
+    master: str | None = Field(None, description="Master URL; `sc://host:port` = a Spark Connect server; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
     shuffle_partitions: int = Field(
         8, gt=0, description="spark.sql.shuffle.partitions for a local master (small machines want few); on a cluster only when set explicitly."

@@ -106,7 +106,12 @@ def session_settings(cfg: SparkConfig, master: str, preset: dict[str, str],
 
 
 def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[str, str] | None = None) -> SparkSession:
-    """Create (or reuse) the session. ``master`` wins over config; spark-submit's master wins over both defaults."""
+    """Create (or reuse) the session. ``master`` wins over config; spark-submit's master wins over both defaults.
+    An ``sc://host:port`` master (or ``SPARK_REMOTE``) is a Spark Connect server; on a Databricks runtime
+    the platform's own session is used."""
+    remote = next((m for m in (master, cfg.master) if m and m.startswith("sc://")), os.environ.get("SPARK_REMOTE"))
+    if remote or "DATABRICKS_RUNTIME_VERSION" in os.environ:
+        return _platform_session(cfg, remote, extra_conf)
     # Under spark-submit the JVM already runs with the user's --master, --jars and --conf.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     preset = _preset_conf(under_submit)
@@ -144,6 +149,19 @@ def _class_loadable(spark: SparkSession, name: str) -> bool:
         return True
     except Exception:  # py4j raises Py4JJavaError wrapping ClassNotFoundException
         return False
+
+
+def _platform_session(cfg: SparkConfig, remote: str | None, extra_conf: dict[str, str] | None) -> SparkSession:
+    """A Spark Connect client, or the Databricks runtime's session (itself Connect on serverless and shared
+    clusters). The server owns the JVM, Delta and the cluster, so only session settings are applied, and
+    shuffle partitions only where the project's config sets them explicitly."""
+    spark = (SparkSession.builder.remote(remote) if remote else SparkSession.builder).getOrCreate()
+    settings = {"spark.sql.shuffle.partitions": str(cfg.shuffle_partitions)} if "shuffle_partitions" in cfg.model_fields_set else {}
+    settings.update(cfg.conf)
+    settings.update(extra_conf or {})
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    return spark
 
 
 def _package_zip(cache_dir: Path) -> str:

@@ -1,10 +1,13 @@
 """Table names, their schemas, and Delta read/write: the one place the index layout is defined.
 
-Every persisted table is a Delta table, either a path ``<storage.root>/<name>`` or a
-metastore table ``<storage.database>.<name>``.
+Every persisted table is a Delta table, either a path ``<storage.root>/<name>`` (a Unity Catalog
+Volume path ``/Volumes/<catalog>/<schema>/...`` too) or a catalog table ``<storage.database>.<name>``,
+``<storage.catalog>.<storage.database>.<name>`` with a catalog (Unity Catalog's three-part names).
 """
 
 from __future__ import annotations
+
+import re
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
@@ -21,6 +24,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from graphrag_spark.compat import analysis_condition
 from graphrag_spark.config import StorageConfig
 
 
@@ -158,6 +162,18 @@ SCHEMAS[EVAL_ANSWERS] = _schema(("question_id", STR), ("condition", STR),
                                 *((f.name, f.dataType) for f in SCHEMAS[QUERY_ANSWERS].fields))
 
 
+# The conditions resolving a Delta path raises where there is no Delta table (a missing or a non-Delta folder).
+_NOT_A_DELTA_TABLE = {"PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_DELTA_TABLE", "DELTA_NOT_A_DELTA_TABLE",
+                      "DELTA_PATH_DOES_NOT_EXIST"}
+
+
+def _identifier(part: str) -> str:
+    """``part`` as a SQL identifier: as is when plain, else in backticks."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+        return part
+    return "`" + part.replace("`", "``") + "`"
+
+
 class TableStore:
     """Reads and writes the index's Delta tables under one root (path or database)."""
 
@@ -167,15 +183,27 @@ class TableStore:
 
     def location(self, name: str) -> str:
         if self.storage.database:
-            return f"{self.storage.database}.{name}"
+            return f"{self.namespace()}.{_identifier(name)}" if name else f"{self.namespace()}."
         return f"{self.storage.root.rstrip('/')}/{name}"
 
+    def namespace(self) -> str:
+        """``[catalog.]database`` (``database`` may itself be ``catalog.schema``), each part quoted where it
+        needs it: Unity Catalog names may hold hyphens."""
+        parts = ([self.storage.catalog] if self.storage.catalog else []) + self.storage.database.split(".")
+        return ".".join(_identifier(part) for part in parts)
+
     def exists(self, name: str) -> bool:
+        """Through the catalog or by resolving the Delta path: Delta's Python ``DeltaTable`` API would
+        need Delta Connect on a Spark Connect server, plain reads need nothing."""
         if self.storage.database:
             return self.spark.catalog.tableExists(self.location(name))
-        from delta.tables import DeltaTable
-
-        return DeltaTable.isDeltaTable(self.spark, self.location(name))
+        try:
+            self.spark.read.format("delta").load(self.location(name)).schema
+        except Exception as exc:  # noqa: BLE001 - only "no Delta table here" means False
+            if analysis_condition(exc) in _NOT_A_DELTA_TABLE:
+                return False
+            raise
+        return True
 
     def read(self, name: str) -> DataFrame:
         if self.storage.database:
@@ -192,7 +220,9 @@ class TableStore:
             df = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
         writer = df.write.format("delta").mode(mode).option("overwriteSchema", "true" if mode == "overwrite" else "false")
         if self.storage.database:
-            self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {self.storage.database}")
+            # An existing schema is used as is: creating one needs a catalog privilege users often lack.
+            if not self.spark.catalog.databaseExists(self.namespace()):
+                self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {self.namespace()}")
             writer.saveAsTable(self.location(name))
         else:
             writer.save(self.location(name))

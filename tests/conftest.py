@@ -69,3 +69,13 @@ def sample_index(spark, tmp_path_factory):
     cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={SAMPLE_CORPUS}",
                                                      f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
     return cfg, run_index(spark, cfg)
+
+
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory):
+    """``sc://127.0.0.1:PORT`` of a local Spark Connect server with Delta, started once for every Connect
+    test and stopped at the end. Clients run in their own processes (see tests/connect_job.py)."""
+    from connect_server import connect_server
+
+    with connect_server(REPO / ".cache" / "ivy", tmp_path_factory.mktemp("connect") / "server.log") as url:
+        yield url

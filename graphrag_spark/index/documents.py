@@ -15,11 +15,13 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterator
+from urllib.parse import unquote
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from graphrag_spark.compat import analysis_condition
 from graphrag_spark.config import InputConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id, normalize_text
@@ -179,22 +181,27 @@ def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions) -> D
 
 def _list_empty_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
     """Fail fast on a missing or empty folder, and list zero-byte files: Spark's file scans skip
-    them without a trace, so they are found here to be counted as rejects."""
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(cfg.path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(hadoop_path):
-        raise UserError(f"Input path '{cfg.path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files.")
-    files = fs.listFiles(hadoop_path, True)
-    empty, seen_any = [], False
-    while files.hasNext():
-        status = files.next()
-        seen_any = True
-        if status.getLen() == 0:
-            empty.append(status.getPath().toString())
-    if not seen_any:
+    them without a trace, so they are found here to be counted as rejects. The file listing
+    (``inputFiles``) holds them, the scan does not; both work on Spark Connect (no Hadoop API)."""
+    files = spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+    try:
+        listing = files.load(cfg.path)
+        listed = listing.inputFiles()
+    except Exception as exc:  # noqa: BLE001 - only a missing path is the user's mistake
+        if analysis_condition(exc) == "PATH_NOT_FOUND":
+            raise UserError(f"Input path '{cfg.path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files.") from None
+        raise
+    if not listed:
         raise UserError(f"Input folder '{cfg.path}' contains no files; add documents or point input.path elsewhere.")
-    return empty
+    if listing.count() == len(listed):
+        return []
+    scanned = {_same_path(row.path) for row in listing.select("path").collect()}
+    return sorted(path for path in map(_same_path, listed) if path not in scanned)
+
+
+def _same_path(uri: str) -> str:
+    """One spelling for a file in the listing and in the scan: ``file:///x%20y`` and ``file:/x y`` are the same file."""
+    return re.sub(r"^file:/+", "file:/", unquote(uri))
 
 
 def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, DataFrame, dict]:

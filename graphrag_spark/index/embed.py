@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from threadpoolctl import threadpool_limits
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import default_parallelism
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
@@ -61,7 +62,7 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
 
 
 def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
-    return max(1, min(rows, max(spark.sparkContext.defaultParallelism, math.ceil(rows / rows_per_task))))
+    return max(1, min(rows, max(default_parallelism(spark), math.ceil(rows / rows_per_task))))
 
 
 def text_hash(text) -> F.Column:

@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import default_parallelism
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import CallResult, LlmClient, run_items
@@ -124,7 +125,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     if n_pending:
         ensure_api_key(model)  # the closure below carries the key; a bad one fails here, once
     # Task slots of the cluster: every task of a batch runs at once, so each gets 1/n of the budget.
-    parallelism = spark.sparkContext.defaultParallelism
+    parallelism = default_parallelism(spark)
     safe_fn = _safe(work_fn)
     model_name = model.model
     meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)

@@ -15,13 +15,14 @@ from typing import Callable, Iterator
 import pandas as pd
 from pyspark.sql import SparkSession
 
+from graphrag_spark.compat import default_parallelism
 from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch
 from graphrag_spark.llm.secrets import ensure_api_key
 
 
 def partitions_for(spark: SparkSession, payloads: int) -> int:
-    return max(1, min(payloads, spark.sparkContext.defaultParallelism))
+    return max(1, min(payloads, default_parallelism(spark)))
 
 
 def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[list[str]], list[str]]) -> list[str]:

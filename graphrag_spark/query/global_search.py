@@ -23,7 +23,7 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -36,7 +36,7 @@ from graphrag_spark.index.report_json import format_data_refs
 from graphrag_spark.llm.client import CallResult
 from graphrag_spark.prompts import Prompt, load_prompt
 from graphrag_spark.query.context import NO_ANSWER, csv_line, format_table, terms
-from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call, partitions_for, run_in_executors
+from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call, partitions_for
 from graphrag_spark.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -263,15 +263,27 @@ def map_reduce(spark: SparkSession, questions: list[str], units: Units, cfg: Con
     return _offline_map_reduce(spark, questions, shape, batches, pairs, q)
 
 
-def _run_map(spark: SparkSession, batches: list[list[dict]], pairs: list[tuple[int, int]],
-             fn: Callable[[list[tuple[int, int]], list[list[dict]]], list[str]]) -> list[str]:
-    """``fn`` over (question, batch) index pairs in executors; the batches travel once, as a broadcast."""
-    shared = spark.sparkContext.broadcast(batches)
-    try:
-        return run_in_executors(spark, [json.dumps(p) for p in pairs],
-                                lambda payloads: fn([tuple(json.loads(p)) for p in payloads], shared.value))
-    finally:
-        shared.destroy()  # frees the driver copy too; the job that read it is done
+MapFn = Callable[[list[tuple[int, list[dict]]]], list[str]]
+
+
+def _run_map(spark: SparkSession, batches: list[list[dict]], n_questions: int, fn: MapFn) -> list[str]:
+    """``fn`` over every (question, batch) pair in executors, as one Spark job; results in (question,
+    batch) order. The map runs over a DataFrame of the batches crossed with the question numbers on
+    the cluster, so each batch travels once and no broadcast is needed (none exists under Spark Connect)."""
+    if not batches or not n_questions:
+        return []
+    batch_rows = spark.createDataFrame(pd.DataFrame({"batch": range(len(batches)),
+                                                     "units": [json.dumps(batch) for batch in batches]}))
+    pairs = spark.range(n_questions).withColumnRenamed("id", "question").crossJoin(batch_rows)
+
+    def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for part in parts:
+            work = [(int(qi), json.loads(units)) for qi, units in zip(part["question"], part["units"])]
+            yield pd.DataFrame({"question": part["question"], "batch": part["batch"], "result": fn(work)})
+
+    rows = (pairs.repartition(partitions_for(spark, n_questions * len(batches)))
+            .mapInPandas(run, "question long, batch long, result string").collect())
+    return [row.result for row in sorted(rows, key=lambda row: (row.question, row.batch))]
 
 
 def _points_json(points: list[MapPoint]) -> str:
@@ -280,16 +292,16 @@ def _points_json(points: list[MapPoint]) -> str:
 
 def _offline_map_reduce(spark: SparkSession, questions: list[str], units: Units, batches: list[list[dict]],
                         pairs: list[tuple[int, int]], q: QueryConfig) -> list[MapReduceAnswer]:
-    def lexical(pairs_part, shared):
-        return [_points_json(lexical_map(questions[qi], shared[bi], units.kind, units.id_key)) for qi, bi in pairs_part]
+    def lexical(work):
+        return [_points_json(lexical_map(questions[qi], batch, units.kind, units.id_key)) for qi, batch in work]
 
     points: list[list[MapPoint]] = [[] for _ in questions]
-    for (qi, bi), found in zip(pairs, _run_map(spark, batches, pairs, lexical)):
+    for (qi, bi), found in zip(pairs, _run_map(spark, batches, len(questions), lexical)):
         points[qi] += [MapPoint(d, s, list(ids), bi) for d, s, ids in json.loads(found)]
     fallback = [not found and bool(terms(question)) and units.rating_fallback for found, question in zip(points, questions)]
     if any(fallback):
         rated_pairs = [(0, bi) for bi in range(len(batches))]
-        rated = _run_map(spark, batches, rated_pairs, lambda part, shared: [_points_json(rating_map(shared[bi])) for _, bi in part])
+        rated = _run_map(spark, batches, 1, lambda work: [_points_json(rating_map(batch)) for _, batch in work])
         rated_points = [MapPoint(d, s, list(ids), bi) for (_, bi), found in zip(rated_pairs, rated) for d, s, ids in json.loads(found)]
         points = [rated_points if use else found for use, found in zip(fallback, points)]
     answers = []
@@ -307,13 +319,13 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     map_prompt, reduce_prompt = load_prompt("global_map"), load_prompt("global_reduce")
     share = 1.0 / partitions_for(spark, len(pairs))
 
-    def call_map(pairs_part, shared):
-        prompts = [map_messages(map_prompt, questions[qi], shared[bi], units) for qi, bi in pairs_part]
+    def call_map(work):
+        prompts = [map_messages(map_prompt, questions[qi], batch, units) for qi, batch in work]
         return chat_calls(prompts, chat, share, stage="global_map", max_tokens=q.map_max_tokens, json_mode=True,
                           prompt_version=map_prompt.version)
 
     answers = [MapReduceAnswer("", [], []) for _ in questions]
-    for (qi, bi), raw in zip(pairs, _run_map(spark, batches, pairs, call_map)):
+    for (qi, bi), raw in zip(pairs, _run_map(spark, batches, len(questions), call_map)):
         result = decode_call(raw)
         answer = answers[qi]
         answer.calls.append(result)

@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import default_parallelism
 from graphrag_spark.config import Config, RaptorConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id
@@ -211,7 +212,7 @@ def _embedded(spark: SparkSession, nodes: DataFrame, cfg: Config) -> DataFrame:
     embedding is computed (or paid) twice."""
     texts = nodes.where(F.col("status") == OK).select("id", "text")
     rows = texts.count()
-    partitions = max(1, min(rows, max(spark.sparkContext.defaultParallelism, math.ceil(rows / cfg.llm.items_per_commit))))
+    partitions = max(1, min(rows, max(default_parallelism(spark), math.ceil(rows / cfg.llm.items_per_commit))))
     vectors = embed_texts(texts, cfg, partitions).withColumnRenamed("vector", "embedding")
     no_vector = (F.col("status") == OK) & F.col("embedding").isNull()
     return (nodes.join(vectors, "id", "left")

@@ -1,0 +1,96 @@
+"""The notebook API and the offline index job on a Spark Connect session, in their own process.
+
+pyspark routes ``pyspark.sql.functions`` to Connect for the whole process once a Connect session
+exists, so a classic and a Connect session cannot share the test process: this script runs the
+Connect side and writes what a user would see as JSON; the test computes the same with
+``api_answers`` on the classic session and compares.
+
+    python tests/connect_job.py --remote sc://127.0.0.1:PORT --root DIR --input DIR --out FILE [--llm URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from graphrag_spark import tables as T
+from graphrag_spark.compat import is_connect
+from graphrag_spark.config import load_config
+from graphrag_spark.query.api import GraphRagIndex
+
+REPO = Path(__file__).resolve().parent.parent
+QUESTIONS = ["Who opposes the harbour dredging near the estuary?", "What did the election decide?"]
+INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES,
+                T.COMMUNITY_REPORTS, T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
+
+
+def config(root: str, input_path: str, *overrides: str):
+    return load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={input_path}",
+                                                      "spark.shuffle_partitions=2", *overrides])
+
+
+def _answer(result) -> dict:
+    return {"answer": result.answer, "level": result.level, "context_units": result.context_units,
+            "context_tokens": result.context_tokens, "llm_calls": result.llm_calls}
+
+
+def api_answers(index: GraphRagIndex, llm_base_url: str | None = None) -> dict:
+    """What the notebooks show: table sizes, the exploring and drill-down helpers, every search method
+    (one question and a batch), and with ``llm_base_url`` global and basic search through the chat model."""
+    root = index.reports(level=0).first().community
+    out = {
+        "rows": {name: index.table(name).count() for name in INDEX_TABLES},
+        "levels": index.levels(),
+        "reports_per_level": [list(r) for r in index.reports_per_level().collect()],
+        "top_entities": [r.title for r in index.top_entities(10).collect()],
+        "root_community": root,
+        "sub_communities": sorted(r.community for r in index.sub_communities(root).collect()),
+        "source_text": sorted(r.id for r in index.source_text(root).collect()),
+        "context_sizes": index.context_sizes().to_dict("records"),
+        "global": {str(level): _answer(index.global_search(QUESTIONS[0], level=level)) for level in index.levels()},
+        "local": _answer(index.local_search(QUESTIONS[0])),
+        "basic": _answer(index.basic_search(QUESTIONS[0])),
+        "ts": _answer(index.text_summary_search(QUESTIONS[0])),
+        "batch_global": [_answer(r) for r in index.search("global", QUESTIONS)],
+        "batch_local": [_answer(r) for r in index.search("local", QUESTIONS)],
+        "global_context": index.global_search(QUESTIONS[0]).as_spark(index.spark).count(),
+    }
+    if index.store.exists(T.RAPTOR_NODES):
+        out["raptor"] = _answer(index.raptor_search(QUESTIONS[0]))
+    if llm_base_url:
+        cfg = index.cfg.model_copy(deep=True)
+        cfg.query.llm = True
+        cfg.llm.chat.api_base = llm_base_url
+        llm = GraphRagIndex.load(index.spark, cfg)
+        out["llm_global"] = _answer(llm.global_search(QUESTIONS[0], level=0))
+        out["llm_basic"] = _answer(llm.basic_search(QUESTIONS[0]))
+    return out
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("--remote", "--root", "--input", "--out"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--llm", default=None, help="base URL of the local OpenAI-compatible server")
+    args = parser.parse_args(argv)
+
+    from graphrag_spark.index.pipeline import run_index
+    from graphrag_spark.raptor.build import build_raptor
+    from graphrag_spark.session import build_spark
+
+    cfg = config(args.root, args.input, f"spark.master={args.remote}")
+    spark = build_spark(cfg.spark)
+    assert is_connect(spark), type(spark)
+    summary = run_index(spark, cfg)
+    raptor = build_raptor(spark, cfg)
+    verdict = {"summary_counts": {k: str(v) for k, v in summary.counts.items()},
+               "raptor_nodes_per_layer": raptor.shape.nodes_per_layer,
+               **api_answers(GraphRagIndex.load(spark, cfg), args.llm)}
+    Path(args.out).write_text(json.dumps(verdict, indent=1, default=str))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

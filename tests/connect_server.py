@@ -1,0 +1,82 @@
+"""A local Spark Connect server with Delta, as Databricks serverless and shared clusters present one.
+
+pyspark ships the server (``pyspark/jars/spark-connect_*.jar``); it runs as its own JVM with its own
+Python workers (the project's interpreter, so UDFs and ``mapInPandas`` import this library), bound
+to 127.0.0.1 on a free port, and is stopped with its whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyspark
+
+from graphrag_spark.config import SparkConfig
+from graphrag_spark.session import local_jars
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) -> Iterator[str]:
+    """Yields the server's ``sc://127.0.0.1:PORT`` URL once it accepts connections."""
+    spark_home = Path(pyspark.__file__).parent
+    port = _free_port()
+    command = [
+        str(spark_home / "bin" / "spark-submit"),
+        "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--master", "local[2]", "--driver-memory", "2g",
+        "--jars", ",".join(local_jars(SparkConfig(ivy_cache=str(ivy_cache)))),
+        "--conf", f"spark.connect.grpc.binding.port={port}",
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
+        "--conf", "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "--conf", f"spark.pyspark.python={sys.executable}",
+        "--conf", "spark.speculation=false",
+        "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.buffer.pageSize=4m",
+        "--conf", "spark.sql.catalogImplementation=in-memory",
+        "--conf", f"spark.sql.warehouse.dir={log_path.parent / 'warehouse'}",
+    ]
+    env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1", "OPENBLAS_NUM_THREADS": "1"}
+    env.pop("SPARK_REMOTE", None)
+    log = log_path.open("wb")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + startup_s
+        while not _accepts(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"Spark Connect server did not start (exit {server.poll()}); log tail:\n{tail}")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
+        log.close()

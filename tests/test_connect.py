@@ -1,0 +1,70 @@
+"""Spark Connect, as Databricks serverless and shared clusters run PySpark: the offline index job and
+the whole notebook API on a Connect session give the classic session's index and answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from graphrag_spark import tables as T
+from graphrag_spark.llm.server import start_server
+from graphrag_spark.query.api import GraphRagIndex
+
+from conftest import REPO, SAMPLE_CORPUS
+from connect_job import INDEX_TABLES, QUESTIONS, api_answers, config
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def llm_server():
+    with start_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def connect_run(connect_url, llm_server, tmp_path_factory):
+    """The Connect side, once: index data/sample, build its RAPTOR tree, ask through the notebook API."""
+    root = tmp_path_factory.mktemp("connect_index") / "index"
+    out = root.parent / "verdict.json"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+    env.pop("SPARK_REMOTE", None)
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", connect_url,
+                           "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
+                           "--llm", llm_server.base_url],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root, json.loads(out.read_text())
+
+
+def test_the_index_job_on_connect_writes_the_classic_index(spark, sample_index, connect_run):
+    classic_cfg, classic_summary = sample_index
+    connect_root, verdict = connect_run
+    assert verdict["summary_counts"] == {k: str(v) for k, v in classic_summary.counts.items()}
+    classic = T.TableStore(spark, classic_cfg.storage)
+    written = T.TableStore(spark, config(connect_root, SAMPLE_CORPUS).storage)
+    rows = {name: classic.read(name).count() for name in INDEX_TABLES}
+    assert verdict["rows"] == rows and all(rows.values())
+    for name, key in ((T.ENTITIES, "id"), (T.RELATIONSHIPS, "id"), (T.COMMUNITY_REPORTS, "id"), (T.TEXT_UNITS, "id")):
+        assert {r[0] for r in written.read(name).select(key).collect()} == {r[0] for r in classic.read(name).select(key).collect()}, name
+
+
+def test_the_notebook_api_on_connect_answers_as_the_classic_session(spark, sample_index, connect_run, llm_server):
+    connect_root, verdict = connect_run
+    classic = json.loads(json.dumps(api_answers(GraphRagIndex.load(spark, sample_index[0]), llm_server.base_url), default=str))
+    for key, expected in classic.items():
+        assert verdict[key] == expected, key
+    assert verdict["llm_global"]["llm_calls"] >= 2 and "[Data: " in verdict["llm_global"]["answer"]
+    assert len(verdict["batch_global"]) == len(QUESTIONS) and verdict["global_context"] > 0
+
+
+def test_raptor_built_and_searched_on_connect_matches_classic_search(spark, connect_run):
+    connect_root, verdict = connect_run
+    tree = GraphRagIndex.load(spark, config(connect_root, SAMPLE_CORPUS))
+    assert verdict["raptor_nodes_per_layer"]["0"] > 0 and len(verdict["raptor_nodes_per_layer"]) > 1
+    raptor = tree.raptor_search(QUESTIONS[0])
+    assert verdict["raptor"]["answer"] == raptor.answer and raptor.context_units > 0
