@@ -10,12 +10,15 @@
 # MAGIC endpoint); otherwise every method answers offline, extractively, without an LLM.
 # MAGIC
 # MAGIC **Settings** (widgets on Databricks, environment variables elsewhere): `index_root` /
-# MAGIC `GRAPHRAG_INDEX_ROOT`, `database` / `GRAPHRAG_DATABASE`, `config` / `GRAPHRAG_CONFIG`, `overrides` /
-# MAGIC `GRAPHRAG_SET` (`;`-separated `section.key=value`), `question` / `GRAPHRAG_QUESTION`.
+# MAGIC `GRAPHRAG_INDEX_ROOT`, `database` / `GRAPHRAG_DATABASE` and `catalog` / `GRAPHRAG_CATALOG` (Unity Catalog
+# MAGIC tables `<catalog>.<database>.<name>`), `config` / `GRAPHRAG_CONFIG`, `overrides` / `GRAPHRAG_SET`
+# MAGIC (`;`-separated `section.key=value`), `question` / `GRAPHRAG_QUESTION`, and `secret_scope` /
+# MAGIC `GRAPHRAG_SECRET_SCOPE`: on Databricks the API keys come from that secret scope, each under the name of
+# MAGIC its `llm.*.api_key_env` (e.g. `OPENAI_API_KEY`); elsewhere from the environment.
 
 # COMMAND ----------
 
-from graphrag_spark.query.notebook import open_index, setting, text_display
+from graphrag_spark.query.notebook import open_index, setting, show_answer, show_text, text_display
 
 index = open_index(globals())
 spark, cfg = index.spark, index.cfg
@@ -35,7 +38,7 @@ print(f"Answers from: {'the chat model ' + cfg.llm.chat.model if cfg.query.llm e
 results = {}
 for level in index.levels():
     results[f"C{level}"] = index.global_search(QUESTION, level=level)
-    print(f"--- C{level} ---\n{results[f'C{level}'].answer}\n")
+    show_answer(globals(), f"C{level}", results[f"C{level}"])
 
 # COMMAND ----------
 
@@ -48,7 +51,7 @@ results["TS"] = index.text_summary_search(QUESTION)
 results["SS"] = index.basic_search(QUESTION)
 results["local"] = index.local_search(QUESTION)
 for name in ("TS", "SS", "local"):
-    print(f"--- {name} ---\n{results[name].answer}\n")
+    show_answer(globals(), name, results[name])
 
 # COMMAND ----------
 
@@ -78,4 +81,4 @@ display(comparison)
 
 display(results["C0"].as_spark(spark).orderBy("score", ascending=False))
 display(results["local"].as_spark(spark))
-print(results["local"].context_text[:2000])
+show_text(globals(), "The context of local search", results["local"].context_text[:2000])

@@ -5,15 +5,16 @@
 # MAGIC Community reports per level, the most connected entities, and a drill-down from a root community's report
 # MAGIC to its sub-communities and to the source text its entities were extracted from.
 # MAGIC
-# MAGIC **Where the index is.** On Databricks: the `index_root` widget (a Delta root), or `database` (metastore
-# MAGIC tables `<database>.<name>`), and optionally `config` (a YAML file of the project). Elsewhere the same
-# MAGIC settings come from the environment: `GRAPHRAG_INDEX_ROOT`, `GRAPHRAG_DATABASE`, `GRAPHRAG_CONFIG`, and
+# MAGIC **Where the index is.** On Databricks: the `index_root` widget (a Delta root, e.g. a `/Volumes/...` path), or
+# MAGIC `database` (metastore tables `<database>.<name>`) with optionally `catalog` (Unity Catalog tables
+# MAGIC `<catalog>.<database>.<name>`), and optionally `config` (a YAML file of the project). Elsewhere the same
+# MAGIC settings come from the environment: `GRAPHRAG_INDEX_ROOT`, `GRAPHRAG_DATABASE`, `GRAPHRAG_CATALOG`, `GRAPHRAG_CONFIG`, and
 # MAGIC `GRAPHRAG_SET` (`;`-separated `section.key=value` overrides). Outside Databricks a local SparkSession is
 # MAGIC started by the project's session factory.
 
 # COMMAND ----------
 
-from graphrag_spark.query.notebook import open_index, text_display
+from graphrag_spark.query.notebook import open_index, show_text, text_display
 
 index = open_index(globals())
 spark, cfg = index.spark, index.cfg
@@ -60,7 +61,7 @@ from pyspark.sql import functions as F
 
 community = root_reports.first().community
 report = index.table("community_reports").where(F.col("community") == community).first()
-print(report.full_content)
+show_text(globals(), report.title, report.full_content, f"community {community}, level {report.level}")
 
 # COMMAND ----------
 

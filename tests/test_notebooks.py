@@ -1,4 +1,6 @@
-"""The Databricks notebooks run outside Databricks: their cells, in order, against a local SparkSession."""
+"""The Databricks notebooks run both ways, their cells in order against the test SparkSession: outside
+Databricks (settings from the environment, printed output) and as on Databricks (widgets, a secret
+scope, display/displayHTML), with a recording stand-in for ``dbutils``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 from graphrag_spark.llm.server import start_server
 
 from conftest import REPO
+from databricks_stub import StubDbutils, databricks_globals
 
 pytestmark = pytest.mark.spark
 
@@ -36,8 +39,9 @@ def notebook_cells(path) -> list[str]:
     return cells
 
 
-def run_notebook(path, spark) -> dict:
-    namespace = {"spark": spark, "__name__": "__notebook__"}
+def run_notebook(path, spark, namespace: dict | None = None) -> dict:
+    """The cells in order in one namespace: a plain one (off Databricks), or ``databricks_globals``."""
+    namespace = namespace if namespace is not None else {"spark": spark, "__name__": "__notebook__"}
     for number, cell in enumerate(notebook_cells(path)):
         exec(compile(cell, f"{path.name}, cell {number}", "exec"), namespace)
     return namespace
@@ -82,3 +86,42 @@ def test_ask_notebook_answers_with_every_method_through_the_llm(spark, index_roo
     assert (comparison["llm_calls"] > 0).all()
     assert by_kind["global_map"] >= len(levels) + 1 and by_kind["basic_search"] == by_kind["local_search"] == 1
     assert all("[Data: " in r.answer for r in ns["results"].values())
+
+
+SETTINGS_ENV = ("GRAPHRAG_INDEX_ROOT", "GRAPHRAG_DATABASE", "GRAPHRAG_CATALOG", "GRAPHRAG_CONFIG", "GRAPHRAG_SET",
+                "GRAPHRAG_QUESTION", "GRAPHRAG_SECRET_SCOPE")
+
+
+@pytest.fixture
+def databricks_env(monkeypatch):
+    """No settings in the environment: on Databricks they come from the widgets."""
+    for name in SETTINGS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "restored-after-the-test")
+    monkeypatch.delenv("OPENAI_API_KEY")
+
+
+def test_explore_notebook_on_databricks_reads_widgets_and_renders_through_display(spark, index_root, databricks_env, capsys):
+    dbutils = StubDbutils({"index_root": str(index_root), "overrides": "spark.shuffle_partitions=2"})
+    ns = run_notebook(NOTEBOOKS / "explore_index.py", spark, databricks_globals(spark, dbutils))
+    assert ("widgets.get", "index_root") in dbutils.calls and ("widgets.text", "index_root", "") in dbutils.calls
+    assert ns["index"].cfg.storage.root == str(index_root)
+    assert len(ns["displayed"]) == 6 and ns["displayed"][-1].count() == ns["source_text"].count() > 0
+    assert len(ns["html"]) == 1 and ns["report"].title.replace("&", "&amp;") in ns["html"][0]
+    assert capsys.readouterr().out == ""  # everything went to the platform's rendering
+
+
+def test_ask_notebook_on_databricks_takes_its_key_from_the_secret_scope(spark, index_root, databricks_env, capsys):
+    secret = "sk-from-the-scope-0123456789"
+    with start_server() as server:
+        dbutils = StubDbutils({"index_root": str(index_root), "secret_scope": "graphrag",
+                               "overrides": f"query.llm=true;llm.chat.api_base={server.base_url};spark.shuffle_partitions=2",
+                               "question": "Who opposes the harbour dredging near the estuary?"},
+                              secrets={("graphrag", "OPENAI_API_KEY"): secret})
+        ns = run_notebook(NOTEBOOKS / "ask_questions.py", spark, databricks_globals(spark, dbutils))
+    assert ("secrets.get", "graphrag", "OPENAI_API_KEY") in dbutils.calls and os.environ["OPENAI_API_KEY"] == secret
+    assert ("widgets.get", "question") in dbutils.calls
+    answers = [h for h in ns["html"] if "LLM calls" in h]
+    assert len(answers) == len(ns["index"].levels()) + 3 and all("[Data: " in a for a in answers)
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err and "[Data: " not in out.out
