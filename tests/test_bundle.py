@@ -50,7 +50,9 @@ def test_index_refresh_and_notebook_jobs_name_files_that_exist():
             else:
                 target = task["notebook_task"]["notebook_path"]
                 envs = {e["environment_key"]: e for e in job["environments"]}
-                assert "../dist/*.whl" in envs[task["environment_key"]]["spec"]["dependencies"], name
+                spec = envs[task["environment_key"]]["spec"]
+                # Serverless environment 4 is the first with a Spark 4 client (Databricks Connect 17).
+                assert "../dist/*.whl" in spec["dependencies"] and int(spec["client"]) >= 4, name
                 assert (path.parent / target).read_text().startswith("# Databricks notebook source"), target
             assert (path.parent / target).resolve().is_file(), f"{name} names {target}, which does not exist"
             params = task.get("spark_python_task", {}).get("parameters", [])
