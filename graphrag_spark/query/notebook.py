@@ -26,8 +26,8 @@ def setting(name: str, env: str, default: str = "", dbutils=None) -> str:
 def load_secrets(cfg: Config, dbutils=None) -> list[str]:
     """On Databricks with a ``secret_scope`` setting: each model's key from the scope, under the secret
     named like its ``api_key_env``, into that variable of the driver (a variable already set wins).
-    Returns the variables filled, never their values. Executors of a job cluster get the same key from
-    the cluster's ``spark_env_vars`` (``{{secrets/<scope>/<name>}}``, see databricks.yml)."""
+    Returns the variables filled, never their values. Tasks get the key in their closures
+    (``graphrag_spark.llm.secrets``), on serverless and shared clusters too."""
     scope = setting("secret_scope", "GRAPHRAG_SECRET_SCOPE", dbutils=dbutils)
     if dbutils is None or not scope:
         return []
