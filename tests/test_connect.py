@@ -36,7 +36,7 @@ def connect_run(connect_url, llm_server, tmp_path_factory):
     done = subprocess.run([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", connect_url,
                            "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
                            "--llm", llm_server.base_url],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     return root, json.loads(out.read_text())
 
