@@ -107,7 +107,8 @@ def test_explore_notebook_on_databricks_reads_widgets_and_renders_through_displa
     assert ("widgets.get", "index_root") in dbutils.calls and ("widgets.text", "index_root", "") in dbutils.calls
     assert ns["index"].cfg.storage.root == str(index_root)
     assert len(ns["displayed"]) == 6 and ns["displayed"][-1].count() == ns["source_text"].count() > 0
-    assert len(ns["html"]) == 1 and ns["report"].title.replace("&", "&amp;") in ns["html"][0]
+    assert len(ns["html"]) == 2 and ns["report"].title.replace("&", "&amp;") in ns["html"][0]
+    assert ns["html"][1] is ns["explorer_page"]
     assert capsys.readouterr().out == ""  # everything went to the platform's rendering
 
 
