@@ -51,6 +51,12 @@ class InputConfig(_Section):
     max_document_bytes: int = Field(
         20_000_000, gt=0, description="Documents larger than this are skipped and counted (not silently dropped)."
     )
+    id_column: str | None = Field(
+        None, description="Delta/table input: a column that identifies a row across versions (its source key, so an edited row counts as changed); unset = the row's content identifies it (an edit counts as one deletion plus one new document)."
+    )
+    change_data_feed: bool = Field(
+        False, description="Delta/table input: a refresh reads only the rows changed since the version the last run processed, through Delta Change Data Feed (the table needs delta.enableChangeDataFeed=true)."
+    )
 
 
 class ChunkingConfig(_Section):
@@ -286,6 +292,16 @@ class EvaluationConfig(_Section):
         return self
 
 
+class RefreshConfig(_Section):
+    """Runs on a root that already holds an index: the lock, retention and VACUUM (jobs/index.py)."""
+
+    lock_wait_s: float = Field(0.0, ge=0, description="A job that finds the root locked by a running job waits up to this long, then exits; 0 = exit at once.")
+    lock_heartbeat_s: float = Field(60.0, gt=0, description="How often the running job renews its lock.")
+    lock_stale_after_s: float = Field(300.0, gt=0, description="A lock whose heartbeat is older than this is taken over (its job died); a dead job on the same host is taken over at once.")
+    cache_retention_days: float = Field(7.0, ge=0, description="Cached LLM results that the published index no longer uses (deleted or changed content) are deleted once older than this; 0 = at the end of the run.")
+    vacuum_retain_hours: float | None = Field(168.0, ge=0, description="After a run that removed content, VACUUM the index tables keeping this many hours of history (older runs stop being openable); null = never VACUUM.")
+
+
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; `sc://host:port` = a Spark Connect server; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
@@ -323,6 +339,7 @@ class Config(_Section):
     raptor: RaptorConfig = Field(default_factory=RaptorConfig)
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
 
 

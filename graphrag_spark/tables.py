@@ -53,6 +53,9 @@ ENTITY_EMBEDDINGS = "entity_embeddings"
 EMBEDDING_CACHE = "embedding_cache"
 RAPTOR_NODES = "raptor_nodes"
 RAPTOR_EDGES = "raptor_edges"
+# The index's run log and publication record, and the lock that keeps one job at a time on a root.
+INDEX_RUNS = "index_runs"
+INDEX_LOCK = "index_lock"
 # Not an index table: the Delta table that `jobs/query.py --questions ... --output PATH` writes.
 QUERY_ANSWERS = "query_answers"
 # The evaluation's tables (jobs/evaluate.py), under evaluation.root, with its own llm_results/llm_usage.
@@ -127,6 +130,20 @@ SCHEMAS: dict[str, StructType] = {
     ),
     # probability: the child's cluster membership (product of its posteriors along the clustering passes).
     RAPTOR_EDGES: _schema(("tree_id", STR), ("parent", STR), ("child", STR), ("probability", DBL)),
+    # One row when a run starts (status 'running') and one when it ends ('succeeded' or 'failed'). The
+    # 'succeeded' row's table_versions is the published index: readers open every table at those versions.
+    INDEX_RUNS: _schema(
+        ("run_id", STR), ("mode", STR), ("status", STR), ("started_at", TimestampType()), ("ended_at", TimestampType()),
+        ("job", STR), ("documents_new", LONG), ("documents_changed", LONG), ("documents_deleted", LONG),
+        ("documents_unchanged", LONG), ("calls", LONG), ("prompt_tokens", LONG), ("completion_tokens", LONG),
+        ("est_cost_usd", DBL), ("table_versions", MapType(StringType(), LongType())), ("source_version", LONG),
+        ("config_fingerprint", STR), ("error", STR),
+    ),
+    # One row: who holds the root (run_id null = free). Taken and released by conflict-checked Delta commits.
+    INDEX_LOCK: _schema(
+        ("lock", STR), ("run_id", STR), ("job", STR), ("host", STR), ("pid", LONG), ("acquired_at", TimestampType()),
+        ("heartbeat_at", TimestampType()),
+    ),
     # latency_s is per question; in batch mode it is the batch's wall time shared equally by its questions.
     QUERY_ANSWERS: _schema(
         ("question", STR), ("method", STR), ("level", INT), ("answer", STR), ("context_units", INT),
@@ -174,12 +191,24 @@ def _identifier(part: str) -> str:
     return "`" + part.replace("`", "``") + "`"
 
 
-class TableStore:
-    """Reads and writes the index's Delta tables under one root (path or database)."""
+# The tables the index job writes and publishes together (the Delta versions of one run's index_runs row).
+PUBLISHED = (DOCUMENTS, INPUT_REJECTS, TEXT_UNITS, ENTITY_INSTANCES, RELATIONSHIP_INSTANCES, CLAIMS, ENTITIES,
+             RELATIONSHIPS, COMMUNITIES, COMMUNITY_REPORTS, TEXT_UNIT_EMBEDDINGS, ENTITY_EMBEDDINGS)
 
-    def __init__(self, spark: SparkSession, storage: StorageConfig):
+
+class TableStore:
+    """Reads and writes the index's Delta tables under one root (path or database).
+
+    With ``versions`` (a published run's ``table_versions``) the published tables are read as of
+    those Delta versions (time travel): the index exactly as that run left it, whatever a later or
+    running job has written since. Tables outside ``PUBLISHED`` (RAPTOR trees, the LLM cache) are
+    always read at their latest version.
+    """
+
+    def __init__(self, spark: SparkSession, storage: StorageConfig, versions: dict[str, int] | None = None):
         self.spark = spark
         self.storage = storage
+        self.versions = versions
 
     def location(self, name: str) -> str:
         if self.storage.database:
@@ -192,9 +221,18 @@ class TableStore:
         parts = ([self.storage.catalog] if self.storage.catalog else []) + self.storage.database.split(".")
         return ".".join(_identifier(part) for part in parts)
 
+    def _pinned(self, name: str) -> bool:
+        return self.versions is not None and name in PUBLISHED
+
+    def sql_name(self, name: str) -> str:
+        """The table in SQL: ``db.name`` or ``delta.`<path>```."""
+        return self.location(name) if self.storage.database else f"delta.`{self.location(name)}`"
+
     def exists(self, name: str) -> bool:
         """Through the catalog or by resolving the Delta path: Delta's Python ``DeltaTable`` API would
         need Delta Connect on a Spark Connect server, plain reads need nothing."""
+        if self._pinned(name):
+            return name in self.versions
         if self.storage.database:
             return self.spark.catalog.tableExists(self.location(name))
         try:
@@ -206,6 +244,10 @@ class TableStore:
         return True
 
     def read(self, name: str) -> DataFrame:
+        if self._pinned(name):
+            if name not in self.versions:
+                return self.spark.createDataFrame([], SCHEMAS[name])
+            return self.spark.sql(f"SELECT * FROM {self.sql_name(name)} VERSION AS OF {int(self.versions[name])}")
         if self.storage.database:
             return self.spark.table(self.location(name))
         return self.spark.read.format("delta").load(self.location(name))
@@ -226,3 +268,32 @@ class TableStore:
             writer.saveAsTable(self.location(name))
         else:
             writer.save(self.location(name))
+
+    def version(self, name: str) -> int:
+        """The latest Delta version of a table."""
+        return int(self.spark.sql(f"DESCRIBE HISTORY {self.sql_name(name)} LIMIT 1").collect()[0]["version"])
+
+    def merge(self, df: DataFrame, name: str, key: str = "id") -> None:
+        """Make the table equal to ``df`` with one MERGE: rows with a new key are inserted, rows whose
+        values changed updated, rows whose key is gone deleted; unchanged rows are not rewritten."""
+        if not self.exists(name):
+            self.write(df, name)
+            return
+        schema = SCHEMAS[name]
+        source = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
+        view = f"merge_source_{name}"
+        source.createOrReplaceTempView(view)
+        changed = " OR ".join(f"NOT (t.`{f.name}` <=> s.`{f.name}`)" for f in schema.fields if f.name != key)
+        self.spark.sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
+                       f"WHEN MATCHED AND ({changed}) THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
+                       f"WHEN NOT MATCHED BY SOURCE THEN DELETE")
+        self.spark.catalog.dropTempView(view)
+
+    def update_columns(self, df: DataFrame, name: str, columns: list[str], key: str = "id") -> None:
+        """MERGE ``columns`` of the rows ``df`` names (by ``key``) into the table; other rows are untouched."""
+        view = f"update_source_{name}"
+        df.select(key, *columns).createOrReplaceTempView(view)
+        assignments = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
+        self.spark.sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
+                       f"WHEN MATCHED THEN UPDATE SET {assignments}")
+        self.spark.catalog.dropTempView(view)

@@ -1,4 +1,8 @@
-"""Build a GraphRAG index into Delta tables: spark-submit jobs/index.py --config conf/local.yaml"""
+"""Build or refresh a GraphRAG index in Delta tables: spark-submit jobs/index.py --config conf/local.yaml [--full]
+
+On a root that already holds an index the job refreshes it: only new, changed and deleted documents
+cost work, and the result is published atomically (index_runs). A second job on the same root exits.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,16 @@ from _cli import base_parser, job_config, user_errors  # noqa: E402
 
 
 SECTIONS = ["storage", "input", "chunking", "extraction", "graph", "communities", "reports", "llm", "embeddings",
-            "prompts", "spark"]
+            "prompts", "refresh", "spark"]
 
 
 def build_parser():
     parser = base_parser(__doc__, SECTIONS)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the LLM calls and tokens extraction would spend, without calling anything")
+    parser.add_argument("--full", action="store_true",
+                        help="rebuild every table from the input instead of refreshing the published index "
+                             "(cached LLM results are still reused)")
     return parser
 
 
@@ -36,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{key:<30} {value}")
             return
         with console_progress(spark):
-            summary = run_index(spark, cfg)
+            summary = run_index(spark, cfg, full=args.full)
         print(summary.render())
 
 

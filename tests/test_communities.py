@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 
 from graphrag_spark.config import CommunitiesConfig
-from graphrag_spark.index.communities import build_hierarchy, largest_component_mask, project_levels, run_leiden
+from graphrag_spark.index.communities import (build_hierarchy, hierarchy_from_levels, keep_untouched, largest_component_mask,
+                                              project_levels, run_leiden)
 
 
 def _graph_edges(seed=1, n=300):
@@ -60,3 +61,47 @@ def test_final_clusters_are_projected_down():
 def test_largest_component_mask():
     s, t = np.array([1, 2, 3, 10]), np.array([2, 3, 1, 11])
     assert largest_component_mask(s, t).tolist() == [True, True, True, False]
+
+
+def _partition(h, level):
+    members = h.membership[h.membership["level"] == level]
+    return {n: c for n, c in zip(members["node"], members["community"])}
+
+
+def test_a_refresh_keeps_untouched_communities_with_their_numbers_and_reclusters_the_rest():
+    s, t, w = _graph_edges(n=300)
+    keys = {n: f"entity-{n}" for n in range(400)}
+    cfg = CommunitiesConfig(max_cluster_size=10)
+    first = build_hierarchy(run_leiden(s, t, w, cfg), 4, node_keys=keys)
+    # A new document: five new nodes attached to node 7.
+    s2, t2 = np.concatenate([s, np.arange(300, 305)]), np.concatenate([t, np.full(5, 7)])
+    w2 = np.ones(len(s2))
+    touched = {7, *range(300, 305)}
+    numbers = dict(zip(first.communities["id"], first.communities["community"]))
+    projected = keep_untouched(project_levels(run_leiden(s2, t2, w2, cfg, _partition(first, 0)), 4),
+                               first.membership, touched)
+    second = hierarchy_from_levels(projected, node_keys=keys, numbers=numbers)
+    for level in sorted(second.communities["level"].unique()):
+        members = second.membership[second.membership["level"] == level]
+        assert set(members["node"]) == set(range(305)) and members["node"].is_unique
+    touched_top = set(first.membership[(first.membership["level"] == 0) & first.membership["node"].isin(touched)]["community"])
+    untouched = first.communities[(first.communities["level"] == 0) & ~first.communities["community"].isin(touched_top)]
+    kept = second.communities.merge(first.communities, on="id", suffixes=("", "_before"))
+    assert set(untouched["id"]) <= set(kept["id"]), "every untouched top community is found again"
+    reached = set(first.membership[first.membership["community"].isin(touched_top)]["node"])
+    outside = set(first.membership[~first.membership["node"].isin(reached)]["community"])
+    assert set(first.communities[first.communities["community"].isin(outside)]["id"]) <= set(kept["id"]), \
+        "and so is every community below them"
+    assert (kept["community"] == kept["community_before"]).all(), "a community found again keeps its number"
+    new = second.communities[~second.communities["id"].isin(first.communities["id"])]
+    assert len(new) > 0 and (new["community"] > first.communities["community"].max()).all()
+    assert second.communities["community"].is_unique
+
+
+def test_community_ids_depend_on_member_keys_not_node_numbers():
+    raw = pd.DataFrame({"node": [1, 2, 3], "cluster": [0, 0, 1], "level": [0, 0, 0],
+                        "parent_cluster": [None] * 3, "is_final_cluster": [True] * 3})
+    renumbered = raw.assign(node=raw["node"] + 10)
+    a = build_hierarchy(raw, 4, node_keys={1: "x", 2: "y", 3: "z"}).communities
+    b = build_hierarchy(renumbered, 4, node_keys={11: "x", 12: "y", 13: "z"}).communities
+    assert sorted(a["id"]) == sorted(b["id"])

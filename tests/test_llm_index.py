@@ -85,8 +85,9 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_confi
     assert summarized == 0, "multi-description entities were summarized"
 
     served_before = _served(server)
-    rerun = run_index(spark, cfg)
-    assert _served(server) == served_before, "a rerun makes zero calls for work already in Delta"
+    assert run_index(spark, cfg).counts["nothing changed"], "a refresh of the same input skips every stage"
+    rerun = run_index(spark, cfg, full=True)
+    assert _served(server) == served_before, "a full rebuild makes zero calls for work already in Delta"
     assert {u.stage: u.cache_hits for u in rerun.usage}["extract"] == extract.items
     assert rerun.counts["entities"] == summary.counts["entities"]
 

@@ -4,9 +4,12 @@ The driver receives only the edge list as compact integer arrays (node = entity
 human_readable_id). graspologic's hierarchical Leiden (seeded) returns a cluster per node
 per level; a node whose cluster is not split further is *projected down*: it keeps that
 cluster at every finer level, so each level C0..Cn is a partition of all clustered nodes.
-Community ids are content hashes of (level, sorted member node ids), so the same graph and
-seed always give the same ids; the human-readable ``community`` number orders communities
-by level, size (descending) and id.
+Community ids are content hashes of (level, sorted member entity ids): the same members give
+the same id, whatever else changed in the graph. The human-readable ``community`` number is
+assigned once: a refresh keeps the number of every community it finds again and numbers new
+ones after the largest, by level, size (descending) and id. A refresh starts Leiden from the
+previous level-0 partition and keeps every previous community whose edges did not change whole,
+so regions of the graph that did not change keep their communities (and their reports).
 """
 
 from __future__ import annotations
@@ -46,8 +49,23 @@ def largest_component_mask(sources: np.ndarray, targets: np.ndarray) -> np.ndarr
     return labels[inverse[: len(sources)]] == largest
 
 
-def run_leiden(sources: np.ndarray, targets: np.ndarray, weights: np.ndarray, cfg: CommunitiesConfig) -> pd.DataFrame:
-    """Raw hierarchical Leiden: node, cluster, level, parent_cluster, is_final_cluster (one row per node and level)."""
+def starting_partition(nodes: np.ndarray, previous: dict[int, int]) -> dict[str, int]:
+    """Leiden's starting communities: a node's previous level-0 community, a new node alone in a new one
+    (graspologic needs every node of the edge list, and only those, in the mapping)."""
+    fresh = max(previous.values(), default=-1) + 1
+    start = {}
+    for node in sorted(int(n) for n in nodes):
+        if node in previous:
+            start[str(node)] = int(previous[node])
+        else:
+            start[str(node)], fresh = fresh, fresh + 1
+    return start
+
+
+def run_leiden(sources: np.ndarray, targets: np.ndarray, weights: np.ndarray, cfg: CommunitiesConfig,
+               previous: dict[int, int] | None = None) -> pd.DataFrame:
+    """Raw hierarchical Leiden: node, cluster, level, parent_cluster, is_final_cluster (one row per node and level).
+    ``previous`` (node -> level-0 community of the last run) seeds the first partition."""
     import graspologic_native as gn
 
     # A sorted edge list makes the result independent of the order Spark returned the edges in.
@@ -55,7 +73,9 @@ def run_leiden(sources: np.ndarray, targets: np.ndarray, weights: np.ndarray, cf
     # graspologic takes (str, str, float) tuples; converting whole arrays first is ~5x faster than per element.
     edges = list(zip(sources[order].astype(str).tolist(), targets[order].astype(str).tolist(),
                      weights[order].astype(float).tolist()))
-    result = gn.hierarchical_leiden(edges, resolution=cfg.resolution, max_cluster_size=cfg.max_cluster_size, seed=cfg.seed)
+    start = starting_partition(np.unique(np.concatenate([sources, targets])), previous) if previous else None
+    result = gn.hierarchical_leiden(edges, starting_communities=start, resolution=cfg.resolution,
+                                    max_cluster_size=cfg.max_cluster_size, seed=cfg.seed)
     return pd.DataFrame([(int(r.node), r.cluster, r.level, r.parent_cluster, r.is_final_cluster) for r in result],
                         columns=["node", "cluster", "level", "parent_cluster", "is_final_cluster"])
 
@@ -73,18 +93,64 @@ def project_levels(raw: pd.DataFrame, max_levels: int) -> pd.DataFrame:
     return long.astype({"node": "int64", "level": "int32", "cluster": "int64"})
 
 
-def build_hierarchy(raw: pd.DataFrame, max_levels: int, excluded_nodes: int = 0) -> Hierarchy:
-    """Deterministic communities from raw Leiden output (pure)."""
-    projected = project_levels(raw, max_levels)
+def build_hierarchy(raw: pd.DataFrame, max_levels: int, excluded_nodes: int = 0, node_keys: dict[int, str] | None = None,
+                    numbers: dict[str, int] | None = None) -> Hierarchy:
+    """Deterministic communities from raw Leiden output (pure).
+
+    ``node_keys`` (node -> entity id) makes ids independent of the node numbering; ``numbers``
+    (community id -> number of a previous run) keeps those numbers, new communities are numbered
+    after the largest."""
+    return hierarchy_from_levels(project_levels(raw, max_levels), excluded_nodes, node_keys, numbers)
+
+
+def keep_untouched(projected: pd.DataFrame, previous: pd.DataFrame, touched: set[int]) -> pd.DataFrame:
+    """Pure: this run's per-level clusters (node, level, cluster), except that every previous level-0
+    community none of whose members is ``touched`` (an edge of it appeared, went or changed weight)
+    and all of whose members are still clustered is kept whole, with its sub-communities.
+
+    ``previous``: node (None for a member that is gone), level, community of the last run. Leiden
+    restarts its local moving and refinement even from a seed, so a seed alone moves untouched
+    regions too; this keeps them exactly, and only the regions the change reached are reclustered.
+    """
+    if projected.empty or previous.empty:
+        return projected
+    nodes_now = set(projected["node"].tolist())
+    top = previous[previous["level"] == 0]
+    kept_communities = {c for c, members in top.groupby("community")["node"]
+                        if members.notna().all() and not (set(members.astype("int64")) & touched)
+                        and set(members.astype("int64")) <= nodes_now}
+    kept_nodes = set(top[top["community"].isin(kept_communities)]["node"].astype("int64"))
+    # Levels of a kept subtree come from the last run, the rest from this one; labels must not collide.
+    old = previous[previous["node"].notna() & previous["node"].isin(kept_nodes)]
+    old = pd.DataFrame({"node": old["node"].astype("int64"), "level": old["level"].astype("int32"),
+                        "cluster": "p" + old["community"].astype(str)})
+    new = projected[~projected["node"].isin(kept_nodes)]
+    new = pd.DataFrame({"node": new["node"], "level": new["level"], "cluster": "n" + new["cluster"].astype(str)})
+    combined = pd.concat([old, new], ignore_index=True)
+    deepest = int(combined["level"].max())
+    per_node = combined.pivot_table(index="node", columns="level", values="cluster", aggfunc="first")
+    long = per_node.reindex(columns=range(deepest + 1)).ffill(axis=1).stack().reset_index()
+    long.columns = ["node", "level", "cluster"]
+    return long.astype({"node": "int64", "level": "int32"})
+
+
+def hierarchy_from_levels(projected: pd.DataFrame, excluded_nodes: int = 0, node_keys: dict[int, str] | None = None,
+                          numbers: dict[str, int] | None = None) -> Hierarchy:
+    """``build_hierarchy`` from per-level clusters (node, level, cluster) that partition the nodes at every level."""
     if projected.empty:
         empty = pd.DataFrame(columns=["community", "id", "level", "parent", "children", "size"])
         return Hierarchy(pd.DataFrame(columns=["node", "level", "community"]), empty, excluded_nodes)
     groups = projected.groupby(["level", "cluster"])["node"].apply(lambda s: sorted(s.tolist())).reset_index()
-    groups["id"] = [content_id("community", level, ",".join(map(str, members)))
+    key = (lambda n: node_keys[n]) if node_keys is not None else str
+    groups["id"] = [content_id("community", level, ",".join(sorted(key(n) for n in members)))
                     for level, members in zip(groups["level"], groups["node"])]
     groups["size"] = groups["node"].map(len)
     groups = groups.sort_values(["level", "size", "id"], ascending=[True, False, True]).reset_index(drop=True)
-    groups["community"] = np.arange(len(groups), dtype="int64")
+    numbers = numbers or {}
+    kept = groups["id"].map(numbers)
+    first_new = max(numbers.values(), default=-1) + 1
+    fresh = iter(range(first_new, first_new + int(kept.isna().sum())))
+    groups["community"] = [int(n) if not pd.isna(n) else next(fresh) for n in kept]
     membership = projected.merge(groups[["level", "cluster", "community"]], on=["level", "cluster"])
     # Parent of a level-l community: the level l-1 community of any of its members.
     probe = pd.DataFrame({"community": groups["community"], "node": groups["node"].map(lambda m: m[0]),
@@ -117,10 +183,30 @@ def _arrays(edges: DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(frame[c].to_numpy() for c in ("s", "t", "weight"))
 
 
+def previous_membership(entities: DataFrame, previous: DataFrame) -> pd.DataFrame:
+    """The last run's communities as (node, level, community); node is None for an entity that is gone."""
+    return (previous.select("community", "level", F.explode("entity_ids").alias("id"))
+            .join(entities.select("id", F.col("human_readable_id").alias("node")), "id", "left")
+            .select("node", "level", "community").toPandas())
+
+
+def touched_nodes(entities: DataFrame, relationships: DataFrame, previous_relationships: DataFrame) -> set[int]:
+    """Nodes at an end of an edge that appeared, disappeared or changed weight since the last run."""
+    now = relationships.select("source", "target", F.col("weight").alias("now"))
+    before = previous_relationships.select("source", "target", F.col("weight").alias("before"))
+    changed = now.join(before, ["source", "target"], "full_outer").where(~F.col("now").eqNullSafe(F.col("before")))
+    titles = changed.select(F.explode(F.array("source", "target")).alias("title")).distinct()
+    return {int(r.node) for r in titles.join(entities.select("title", F.col("human_readable_id").alias("node")), "title")
+            .select("node").collect()}
+
+
 def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataFrame,
-                  cfg: CommunitiesConfig, largest_component_only: bool, graph_backend: str = "sql") -> tuple[DataFrame, dict]:
+                  cfg: CommunitiesConfig, largest_component_only: bool, graph_backend: str = "sql",
+                  previous: DataFrame | None = None, previous_relationships: DataFrame | None = None) -> tuple[DataFrame, dict]:
     """The communities table (Spark) and counts for the run summary. ``graph_backend`` ``graphframes``
-    finds the largest component in the executors (GraphFrames) before the edges reach the driver."""
+    finds the largest component in the executors (GraphFrames) before the edges reach the driver.
+    A refresh passes the last run's communities and relationships: Leiden is seeded with its level-0
+    partition, untouched communities are kept whole (``keep_untouched``) and community numbers are kept."""
     if largest_component_only and graph_backend == "graphframes":
         from graphrag_spark.index.graph_backend import largest_component_nodes
 
@@ -136,10 +222,20 @@ def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataF
         if largest_component_only and len(sources):
             keep = largest_component_mask(sources, targets)
             sources, targets, weights = sources[keep], targets[keep], weights[keep]
-    raw = run_leiden(sources, targets, weights, cfg) if len(sources) else pd.DataFrame(
+    before = previous_membership(entities, previous) if previous is not None else pd.DataFrame(
+        columns=["node", "level", "community"])
+    level0 = before[(before["level"] == 0) & before["node"].notna()]
+    seed = {int(n): int(c) for n, c in zip(level0["node"], level0["community"])}
+    raw = run_leiden(sources, targets, weights, cfg, seed) if len(sources) else pd.DataFrame(
         columns=["node", "cluster", "level", "parent_cluster", "is_final_cluster"])
     kept_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
-    hierarchy = build_hierarchy(raw, cfg.max_levels, excluded_nodes=n_nodes - kept_nodes)
+    projected = project_levels(raw, cfg.max_levels)
+    numbers = {}
+    if previous is not None and previous_relationships is not None:
+        projected = keep_untouched(projected, before, touched_nodes(entities, relationships, previous_relationships))
+        numbers = {r.id: int(r.community) for r in previous.select("id", "community").collect()}
+    node_keys = {int(r.node): r.id for r in entities.select(F.col("human_readable_id").alias("node"), "id").collect()}
+    hierarchy = hierarchy_from_levels(projected, n_nodes - kept_nodes, node_keys, numbers)
     table = communities_table(spark, hierarchy, entities, relationships)
     per_level = hierarchy.communities.groupby("level").size().to_dict()
     counts = {"communities": len(hierarchy.communities), "communities_per_level": {int(k): int(v) for k, v in per_level.items()},

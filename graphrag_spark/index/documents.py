@@ -18,7 +18,7 @@ from typing import Iterator
 from urllib.parse import unquote
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from graphrag_spark.compat import analysis_condition
@@ -164,15 +164,28 @@ def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFram
     return parsed.unionByName(too_big)
 
 
-def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions) -> DataFrame:
-    source = spark.read.format("delta").load(cfg.path) if cfg.format == "delta" else spark.table(cfg.path)
+def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions, source: DataFrame | None = None) -> DataFrame:
+    if source is None:
+        source = spark.read.format("delta").load(cfg.path) if cfg.format == "delta" else spark.table(cfg.path)
     if cfg.text_column not in source.columns:
         raise UserError(f"Input table '{cfg.path}' has no column '{cfg.text_column}' (columns: {source.columns}); set input.text_column.")
     record = F.to_json(F.struct(*[F.col(c) for c in source.columns]))
 
+    if cfg.id_column is not None and cfg.id_column not in source.columns:
+        raise UserError(f"Input table '{cfg.path}' has no column '{cfg.id_column}' (columns: {source.columns}); set input.id_column.")
+    id_column, path = cfg.id_column, cfg.path
+
     def parse_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
-            rows = [_record_document(f"{cfg.path}#{i}", json.loads(r), opts) for i, r in zip(batch["row"], batch["record"])]
+            rows = []
+            for i, raw in zip(batch["row"], batch["record"]):
+                record = json.loads(raw)
+                key = record.get(id_column) if id_column else None
+                row = _record_document(f"{path}#{i if key is None else key}", record, opts)
+                if row["kind"] == "document" and key is None:
+                    # No id column: the content names the row (a row order would renumber on every write).
+                    row["source"] = f"{path}#{row['id']}"
+                rows.append(row)
             yield _parsed_frame(rows)
 
     indexed = source.select(record.alias("record")).withColumn("row", F.monotonically_increasing_id())
@@ -215,7 +228,11 @@ def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, D
         if empty_files:
             parsed = parsed.unionByName(spark.createDataFrame(
                 _parsed_frame([_reject(path, "empty file", 0) for path in empty_files]), _PARSED_SCHEMA))
-    parsed = parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>")).persist()
+    return _group(parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>")))
+
+
+def _group(parsed: DataFrame) -> tuple[DataFrame, DataFrame, dict]:
+    parsed = parsed.persist()
     rejects = parsed.where("kind = 'reject'").select("source", "reason", "n_bytes")
     docs = parsed.where("kind = 'document'")
     documents = (docs.groupBy("id").agg(
@@ -230,3 +247,42 @@ def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, D
                         F.countDistinct(F.when(is_document, F.col("id"))).alias("documents")).collect()[0]
     return documents, rejects, {"documents": totals["documents"], "duplicates": totals["read"] - totals["documents"],
                                 "rejected": totals["rejected"]}
+
+
+def _table_name(cfg: InputConfig) -> str:
+    return f"delta.`{cfg.path}`" if cfg.format == "delta" else cfg.path
+
+
+def source_table_version(spark: SparkSession, cfg: InputConfig) -> int:
+    """The latest Delta version of a table input (recorded as the version a run processed)."""
+    return int(spark.sql(f"DESCRIBE HISTORY {_table_name(cfg)} LIMIT 1").collect()[0]["version"])
+
+
+def build_documents_from_changes(spark: SparkSession, cfg: InputConfig, published: DataFrame,
+                                 processed_version: int) -> tuple[DataFrame, DataFrame, dict]:
+    """The published documents with the table's changes after ``processed_version`` applied, read
+    through Delta Change Data Feed: only changed rows are read and parsed. Per row key the last
+    change wins (a delete or an update's pre-image removes the row's source, an insert or post-image
+    adds it)."""
+    if cfg.id_column is None:
+        raise UserError("input.change_data_feed needs input.id_column: the column that names a row across versions.")
+    opts = ReaderOptions.from_config(cfg)
+    prefix = f"{cfg.path}#"
+    kept = (published.select(F.explode(F.array_union(F.array("source"), F.coalesce(
+        "duplicate_sources", F.array().cast("array<string>")))).alias("source"), "id", "title", "text", "metadata")
+        .select(F.lit("document").alias("kind"), "id", "title", "text", "source", "metadata",
+                F.lit(None).cast("string").alias("reason"), F.lit(0).cast("long").alias("n_bytes")))
+    latest_version = source_table_version(spark, cfg)
+    if latest_version > processed_version:
+        reader = (spark.read.format("delta").option("readChangeFeed", "true")
+                  .option("startingVersion", processed_version + 1).option("endingVersion", latest_version))
+        changes = reader.load(cfg.path) if cfg.format == "delta" else reader.table(cfg.path)
+        image = F.when(F.col("_change_type") == "update_preimage", 0).otherwise(1)
+        latest = Window.partitionBy(cfg.id_column).orderBy(F.desc("_commit_version"), F.desc(image))
+        final = changes.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
+        touched = final.select(F.concat(F.lit(prefix), F.col(cfg.id_column).cast("string")).alias("source"))
+        present = (final.where(F.col("_change_type").isin("insert", "update_postimage"))
+                   .drop("_change_type", "_commit_version", "_commit_timestamp", "_n"))
+        changed = _read_table(spark, cfg, opts, present).withColumn("metadata", F.from_json("metadata", "map<string,string>"))
+        kept = kept.join(touched, "source", "left_anti").unionByName(changed)
+    return _group(kept)

@@ -99,20 +99,43 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
 
 
-def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config) -> dict[str, int]:
-    """Write ``text_unit_embeddings`` and ``entity_embeddings``; returns counts for the run summary."""
+def _embedding_inputs(store: T.TableStore) -> dict[str, DataFrame]:
     # An entity is matched on "TITLE: description" (concat_ws skips a missing description).
     entity_text = F.concat_ws(": ", "title", F.when(F.col("description") != "", F.col("description")))
-    inputs = {
+    return {
         T.TEXT_UNIT_EMBEDDINGS: store.read(T.TEXT_UNITS).select("id", "text"),
         T.ENTITY_EMBEDDINGS: store.read(T.ENTITIES).select("id", entity_text.alias("text")),
     }
+
+
+def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
+    """(id, vector, model_name) rows of the last run whose text is unchanged and whose vector exists."""
+    if not previous.exists(name):
+        return current.sparkSession.createDataFrame([], T.SCHEMAS[name])
+    unchanged = current.join(_embedding_inputs(previous)[name], ["id", "text"], "left_semi").select("id")
+    return (previous.read(name).where(F.col("vector").isNotNull() & (F.col("model_name") == model_name))
+            .join(unchanged, "id", "left_semi"))
+
+
+def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
+                     previous: T.TableStore | None = None) -> dict[str, int]:
+    """Write ``text_unit_embeddings`` and ``entity_embeddings``; returns counts for the run summary.
+
+    With ``previous`` (the last run's tables) a row whose text did not change keeps its vector:
+    only new or changed texts (and earlier failures) are embedded."""
     counts: dict[str, int] = {}
     failures = []
-    for name, frame in inputs.items():
+    for name, frame in _embedding_inputs(store).items():
         rows = frame.count()
-        vectors, requested = embed_cached(spark, store, frame, cfg, rows)
-        store.write(vectors, name)
+        kept = _reusable(name, frame, previous, embedding_model_name(cfg)) if previous is not None else None
+        if kept is not None:  # read as of the last run's version: still readable after the overwrite
+            todo = frame.join(kept.select("id"), "id", "left_anti")
+            n_todo = todo.count()
+            vectors, requested = embed_cached(spark, store, todo, cfg, n_todo) if n_todo else (None, 0)
+            store.write(kept if vectors is None else kept.unionByName(vectors), name)
+        else:
+            vectors, requested = embed_cached(spark, store, frame, cfg, rows)
+            store.write(vectors, name)
         failed = store.read(name).where(F.col("vector").isNull()).count()
         counts[f"{name} rows"] = rows
         counts[f"{name} texts embedded"] = requested

@@ -1,7 +1,10 @@
-"""The index job: documents -> text units -> instances -> graph -> communities -> reports.
+"""The index job as a table of stages: documents -> text units -> instances -> graph -> communities -> reports -> embeddings.
 
-Each stage reads its inputs from Delta and writes its output to Delta, so the stages talk
-only through tables (and a later stage can be rerun on its own).
+Each stage reads its inputs from Delta and writes its outputs to Delta, so the stages talk only
+through tables. ``STAGES`` declares, per stage, its inputs, its outputs and its incremental
+contract: what a refresh (a run on a root that already holds a published index) recomputes and
+what it keeps from the published run. A run holds the root's lock and publishes its tables in
+one ``index_runs`` row at the end; until then readers keep seeing the previous run (runs.py).
 """
 
 from __future__ import annotations
@@ -9,21 +12,28 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
 
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import progress
 from graphrag_spark import tables as T
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
-from graphrag_spark.index import communities, extraction, graph, reports
+from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
 from graphrag_spark.index.chunks import build_text_units
-from graphrag_spark.index.documents import build_documents
+from graphrag_spark.index.documents import build_documents, build_documents_from_changes, source_table_version
+from graphrag_spark.index.embed import build_embeddings
 from graphrag_spark.index.graph_backend import resolve_backend
+from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers
 from graphrag_spark.index.summarize import summarize_graph
 from graphrag_spark.llm.stage import StageUsage, new_run_id
-from graphrag_spark.index.embed import build_embeddings
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 @dataclass
@@ -31,6 +41,8 @@ class RunSummary:
     counts: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     usage: list[StageUsage] = field(default_factory=list)
+    run_id: str = ""
+    mode: str = "full"
 
     @contextmanager
     def stage(self, name: str):
@@ -40,7 +52,7 @@ class RunSummary:
         self.seconds[name] = round(time.perf_counter() - started, 2)
 
     def render(self) -> str:
-        lines = ["Index summary", "-------------"]
+        lines = [f"Index summary (run {self.run_id}, {self.mode})", "-------------"]
         lines += [f"{key:<28} {value}" for key, value in self.counts.items()]
         lines += ["", "Wall time per stage (s)"]
         lines += [f"{key:<28} {value}" for key, value in self.seconds.items()]
@@ -52,85 +64,284 @@ class RunSummary:
         return "\n".join(lines)
 
 
-def run_index(spark: SparkSession, cfg: Config) -> RunSummary:
-    store = T.TableStore(spark, cfg.storage)
-    summary = RunSummary()
+@dataclass
+class Run:
+    """One run's state as the stages see it. ``previous`` is the published index (a refresh) or None
+    (a full build); ``store`` holds the live tables this run writes."""
 
-    with summary.stage("documents"):
-        documents, rejects, counts = build_documents(spark, cfg.input)
-        store.write(rejects, T.INPUT_REJECTS)
-        store.write(documents, T.DOCUMENTS)
-        summary.counts.update({"documents": counts["documents"], "duplicate documents": counts["duplicates"],
+    spark: SparkSession
+    cfg: Config
+    store: T.TableStore
+    previous: T.TableStore | None
+    run_id: str
+    summary: RunSummary
+    previous_source_version: int | None = None
+    diff: DocumentDiff | None = None
+    source_version: int | None = None
+    changed: dict[str, DataFrame] = field(default_factory=dict)
+
+    def before(self, name: str) -> DataFrame | None:
+        """The published table, or None on a full build."""
+        return None if self.previous is None else self.previous.read(name)
+
+    @property
+    def llm(self) -> bool:
+        return self.cfg.extraction.method == "llm"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    incremental: str  # what a refresh recomputes and what it keeps
+    run: Callable[[Run], None]
+    applies: Callable[[Config], bool] = lambda cfg: True
+
+
+def _new_ids(current: DataFrame, before: DataFrame | None) -> DataFrame:
+    ids = current.select("id")
+    return ids if before is None else ids.join(before.select("id"), "id", "left_anti")
+
+
+def _kept_rows(before: DataFrame | None, key: str, live_ids: DataFrame) -> DataFrame | None:
+    """The published rows whose ``key`` is still among ``live_ids`` (None on a full build)."""
+    return None if before is None else before.join(live_ids.select(F.col("id").alias(key)), key, "left_semi")
+
+
+def _union(kept: DataFrame | None, new: DataFrame) -> DataFrame:
+    return new if kept is None else kept.unionByName(new.select(kept.columns))
+
+
+# ------------------------------------------------------------------ the stages
+
+
+def documents_stage(run: Run) -> None:
+    cfg, store = run.cfg, run.store
+    before = run.before(T.DOCUMENTS)
+    documents, rejects, counts = read_documents(run, before)
+    store.write(rejects, T.INPUT_REJECTS)
+    store.write(documents, T.DOCUMENTS)
+    n_documents = store.read(T.DOCUMENTS).count()
+    run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
-        if counts["documents"] == 0:
-            raise UserError(f"No readable documents in '{cfg.input.path}': {counts['rejected']} inputs were skipped; "
-                            f"see the '{T.INPUT_REJECTS}' table at {store.location(T.INPUT_REJECTS)} for the reasons.")
+    if n_documents == 0:
+        raise UserError(f"No readable documents in '{cfg.input.path}': {counts['rejected']} inputs were skipped; "
+                        f"see the '{T.INPUT_REJECTS}' table at {store.location(T.INPUT_REJECTS)} for the reasons.")
+    if before is not None:
+        run.diff = diff_documents(store.read(T.DOCUMENTS), before)
+        run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
 
-    with summary.stage("text_units"):
-        store.write(build_text_units(store.read(T.DOCUMENTS), cfg.chunking), T.TEXT_UNITS)
-        summary.counts["text units"] = store.read(T.TEXT_UNITS).count()
 
-    run_id = new_run_id()
-    with summary.stage("extraction"):
-        text_units = store.read(T.TEXT_UNITS)
+def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataFrame, dict]:
+    """The input's documents. With ``input.change_data_feed`` on a refresh of a Delta input: the
+    published documents with only the rows changed since the processed version applied."""
+    cfg = run.cfg.input
+    if cfg.format not in ("delta", "table"):
+        return build_documents(run.spark, cfg)
+    run.source_version = source_table_version(run.spark, cfg)
+    if cfg.change_data_feed and before is not None and run.previous_source_version is not None:
+        return build_documents_from_changes(run.spark, cfg, before, run.previous_source_version)
+    return build_documents(run.spark, cfg)
+
+
+def text_units_stage(run: Run) -> None:
+    store, before = run.store, run.before(T.TEXT_UNITS)
+    documents = store.read(T.DOCUMENTS)
+    todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
+    kept = _kept_rows(before, "document_id", documents)
+    store.write(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
+    run.changed[T.TEXT_UNITS] = _new_ids(store.read(T.TEXT_UNITS), before)
+    run.summary.counts["text units"] = store.read(T.TEXT_UNITS).count()
+
+
+def extraction_stage(run: Run) -> None:
+    spark, store, cfg = run.spark, run.store, run.cfg
+    units = store.read(T.TEXT_UNITS)
+    todo = units.join(run.changed[T.TEXT_UNITS], "id", "left_semi")
+    if run.llm:
+        entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
+            spark, store, todo, cfg.extraction, cfg.llm, run.run_id)
+        run.summary.usage += usages
         nlp_instances = None
-        if cfg.extraction.method == "llm":
-            entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
-                spark, store, text_units, cfg.extraction, cfg.llm, run_id)
-            summary.usage += usages
-        else:
-            # Persisted: both tables come from one extraction pass, not one pass per table written.
-            nlp_instances = extraction.nlp_instances(text_units, cfg.extraction).persist()
-            entity_instances, relationship_instances = extraction.split_instances(nlp_instances)
-            claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
-        store.write(entity_instances, T.ENTITY_INSTANCES)
-        store.write(relationship_instances, T.RELATIONSHIP_INSTANCES)
-        if nlp_instances is not None:
-            nlp_instances.unpersist()
-        claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
-        store.write(claims.withColumn("human_readable_id", F.row_number().over(Window.orderBy("id")) - 1), T.CLAIMS)
-        summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
-        summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
+    else:
+        # Persisted: both tables come from one extraction pass, not one pass per table written.
+        nlp_instances = extraction.nlp_instances(todo, cfg.extraction).persist()
+        entity_instances, relationship_instances = extraction.split_instances(nlp_instances)
+        claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
+    # The instances and claims of units that are gone are retracted; the others are kept as extracted.
+    kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
+            for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
+    store.write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
+    store.write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances), T.RELATIONSHIP_INSTANCES)
+    if nlp_instances is not None:
+        nlp_instances.unpersist()
+    kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
+    claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
+    all_claims = _union(kept_claims, claims.drop("human_readable_id"))
+    store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
+    run.summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
+    run.summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
 
-    with summary.stage("graph"):
-        min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
-        text_units = store.read(T.TEXT_UNITS)
-        nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
-        # Persisted too: the degrees, the entities and the relationships written all read the edges.
-        edges = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units).persist()
-        entities, relationships = graph.add_degrees(nodes, edges, resolve_backend(spark, cfg.graph.backend))
-        store.write(entities, T.ENTITIES)
-        store.write(relationships, T.RELATIONSHIPS)
-        summary.counts["relationships dropped (endpoint not an entity)"] = graph.dropped_relationships(
-            store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
-        nodes.unpersist()  # the persisted frames, not add_degrees' results
-        edges.unpersist()
-        summary.counts["entities"] = store.read(T.ENTITIES).count()
-        summary.counts["relationships"] = store.read(T.RELATIONSHIPS).count()
-        # No edge: in no community (Leiden partitions the edge graph), so in no report; kept in the
-        # entities table and its embeddings, so local search still finds them.
-        summary.counts["isolated entities (no relationship)"] = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
-        summary.counts["claims"] = store.read(T.CLAIMS).count()
 
-    if cfg.extraction.method == "llm" and cfg.extraction.summarize_descriptions:
-        with summary.stage("summarize_descriptions"):
-            summary.usage += summarize_graph(spark, store, cfg, run_id)
+def _carry_descriptions(current: DataFrame, before: DataFrame | None) -> DataFrame:
+    """An element whose text units are unchanged keeps its published description (its summary)."""
+    if before is None:
+        return current
+    kept = before.select("id", "text_unit_ids", F.col("description").alias("_kept"))
+    return (current.join(kept, ["id", "text_unit_ids"], "left")
+            .withColumn("description", F.coalesce("_kept", "description")).drop("_kept"))
 
-    with summary.stage("communities"):
-        table, counts = communities.cluster_graph(spark, store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
-                                                  cfg.communities, cfg.graph.largest_component_only,
-                                                  resolve_backend(spark, cfg.graph.backend))
-        store.write(table, T.COMMUNITIES)
-        summary.counts["communities per level"] = counts["communities_per_level"]
-        summary.counts["entities not clustered"] = (summary.counts["entities"] - counts["clustered_entities"])
 
-    with summary.stage("community_reports"):
-        build_reports(spark, store, cfg, run_id, summary)
+def graph_stage(run: Run) -> None:
+    store, cfg = run.store, run.cfg
+    min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
+    text_units = store.read(T.TEXT_UNITS)
+    nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
+    # Persisted too: the degrees, the entities and the relationships written all read the edges.
+    edges = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units).persist()
+    entities, relationships = graph.add_degrees(nodes, edges, resolve_backend(run.spark, cfg.graph.backend))
+    for name, frame in ((T.ENTITIES, entities), (T.RELATIONSHIPS, relationships)):
+        before = run.before(name)
+        if before is not None:  # published numbers kept; new elements numbered after them, in rank order
+            frame = keep_numbers(frame.withColumnRenamed("human_readable_id", "_rank"), before, ["_rank"]).drop("_rank")
+        store.merge(_carry_descriptions(frame, before), name)
+        # Elements whose instance set changed: the only ones the summary stage looks at.
+        current = store.read(name).select("id", "text_unit_ids")
+        run.changed[name] = (current if before is None else
+                             current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti"))
+    run.summary.counts["relationships dropped (endpoint not an entity)"] = graph.dropped_relationships(
+        store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
+    nodes.unpersist()  # the persisted frames, not add_degrees' results
+    edges.unpersist()
+    for name, label in ((T.ENTITIES, "entities"), (T.RELATIONSHIPS, "relationships"), (T.CLAIMS, "claims")):
+        run.summary.counts[label] = store.read(name).count()
+    # No edge: in no community (Leiden partitions the edge graph), so in no report; kept in the
+    # entities table and its embeddings, so local search still finds them.
+    run.summary.counts["isolated entities (no relationship)"] = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
 
-    with summary.stage("embeddings"):
-        summary.counts.update(build_embeddings(spark, store, cfg))
 
+def summarize_stage(run: Run) -> None:
+    only = {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
+    run.summary.usage += summarize_graph(run.spark, run.store, run.cfg, run.run_id, only)
+
+
+def communities_stage(run: Run) -> None:
+    store, cfg = run.store, run.cfg
+    table, counts = communities.cluster_graph(run.spark, store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
+                                              cfg.communities, cfg.graph.largest_component_only,
+                                              resolve_backend(run.spark, cfg.graph.backend),
+                                              previous=run.before(T.COMMUNITIES),
+                                              previous_relationships=run.before(T.RELATIONSHIPS))
+    store.write(table, T.COMMUNITIES)
+    run.summary.counts["communities per level"] = counts["communities_per_level"]
+    run.summary.counts["entities not clustered"] = run.summary.counts["entities"] - counts["clustered_entities"]
+    if run.previous is not None:
+        kept = store.read(T.COMMUNITIES).join(run.before(T.COMMUNITIES).select("id"), "id", "left_semi").count()
+        run.summary.counts["communities kept"] = f"{kept} of {counts['communities']}"
+
+
+def reports_stage(run: Run) -> None:
+    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary)
+
+
+def embeddings_stage(run: Run) -> None:
+    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous))
+
+
+def _llm_summaries(cfg: Config) -> bool:
+    return cfg.extraction.method == "llm" and cfg.extraction.summarize_descriptions
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("documents", ("input",), (T.DOCUMENTS, T.INPUT_REJECTS),
+          "read every source (or, with input.change_data_feed, only the Delta rows changed since the processed "
+          "version); diff by source and content hash against the published documents", documents_stage),
+    Stage("text_units", (T.DOCUMENTS,), (T.TEXT_UNITS,),
+          "chunk only documents whose content is new; drop the units of documents whose content is gone",
+          text_units_stage),
+    Stage("extraction", (T.TEXT_UNITS,), (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS),
+          "extract only new units; retract the instances and claims of units that are gone; claims keep their numbers",
+          extraction_stage),
+    Stage("graph", (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES), (T.ENTITIES, T.RELATIONSHIPS),
+          "aggregate all instances in SQL, MERGE by id; an element whose text units did not change keeps its "
+          "description; numbers kept, new elements numbered after the largest", graph_stage),
+    Stage("summarize_descriptions", (T.ENTITIES, T.RELATIONSHIPS), (T.ENTITIES, T.RELATIONSHIPS),
+          "summarize only elements whose instance set changed (a MERGE of their descriptions)", summarize_stage,
+          _llm_summaries),
+    Stage("communities", (T.ENTITIES, T.RELATIONSHIPS), (T.COMMUNITIES,),
+          "Leiden seeded with the published level-0 partition; a published community whose edges did not change "
+          "is kept whole; ids from members, numbers kept", communities_stage),
+    Stage("community_reports", (T.COMMUNITIES, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS), (T.COMMUNITY_REPORTS,),
+          "bottom-up; a context already reported is a cache hit, so only changed contexts are paid for",
+          reports_stage),
+    Stage("embeddings", (T.TEXT_UNITS, T.ENTITIES), (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS),
+          "embed only new or changed texts; the others keep their vectors", embeddings_stage),
+)
+
+
+# ------------------------------------------------------------------ one run
+
+
+def _totals(summary: RunSummary) -> dict:
+    return {"calls": sum(u.calls for u in summary.usage), "prompt_tokens": sum(u.prompt_tokens for u in summary.usage),
+            "completion_tokens": sum(u.completion_tokens for u in summary.usage),
+            "est_cost_usd": float(round(sum(u.est_cost_usd for u in summary.usage), 6))}
+
+
+def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummary:
+    """Index ``cfg.input`` into ``cfg.storage``: a full build on a new root (or with ``full``), else a
+    refresh of the published index. Holds the root's lock; publishes the result in ``index_runs``."""
+    store = T.TableStore(spark, cfg.storage)
+    run_id = new_run_id()
+    with runs.IndexLock(store, run_id, cfg.refresh):
+        return _locked_run(spark, cfg, store, run_id, full)
+
+
+def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool) -> RunSummary:
+    fingerprint = runs.config_fingerprint(cfg)
+    published = runs.published_run(store)
+    summary = RunSummary(run_id=run_id)
+    if published is not None and not full and published["config_fingerprint"] != fingerprint:
+        summary.counts["note"] = "index settings changed since the published run: full rebuild (cached LLM results reused)"
+        full = True
+    previous = None if published is None or full else T.TableStore(spark, cfg.storage, dict(published["table_versions"]))
+    summary.mode = "refresh" if previous is not None else "full"
+    run = Run(spark, cfg, store, previous, run_id, summary,
+              previous_source_version=None if published is None else published["source_version"])
+    started = _utcnow()
+    common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
+              "config_fingerprint": fingerprint}
+    runs.record_run(store, status=runs.RUNNING, **common)
+    try:
+        versions = _run_stages(run, published)
+    except BaseException as exc:
+        runs.record_run(store, status=runs.FAILED, ended_at=_utcnow(), error=f"{type(exc).__name__}: {str(exc)[:500]}",
+                        **common, **_totals(summary))
+        raise
+    diff = run.diff.counts if run.diff is not None else {"new": summary.counts["documents"]}
+    runs.record_run(store, status=runs.SUCCEEDED, ended_at=_utcnow(), table_versions=versions,
+                    source_version=run.source_version, documents_new=diff.get("new", 0),
+                    documents_changed=diff.get("changed", 0), documents_deleted=diff.get("deleted", 0),
+                    documents_unchanged=diff.get("unchanged", 0), **common, **_totals(summary))
+    with summary.stage("retention"):
+        summary.counts.update(retention.apply(run))
     return summary
+
+
+def _run_stages(run: Run, published) -> dict[str, int]:
+    """Every applicable stage, in order; returns the table versions to publish."""
+    for stage in STAGES:
+        if not stage.applies(run.cfg):
+            continue
+        with run.summary.stage(stage.name):
+            stage.run(run)
+        if stage.name == "documents" and run.diff is not None and run.diff.empty:
+            # The published content again: nothing downstream can change (0 calls). The other tables
+            # stay published as they are, whatever a failed run may have written since.
+            run.summary.counts["nothing changed"] = "published tables kept"
+            return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in stage.outputs}}
+    return runs.current_versions(run.store)
 
 
 def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary) -> None:

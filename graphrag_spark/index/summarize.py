@@ -30,11 +30,14 @@ def summary_items(described: DataFrame, name_col) -> DataFrame:
 
 
 def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, table: str,
-               described: DataFrame, keys: list[str], name_col, stage: str) -> tuple[DataFrame, StageUsage]:
+               described: DataFrame, keys: list[str], name_col, stage: str,
+               only: DataFrame | None) -> tuple[DataFrame, StageUsage]:
     prompt = load_prompt("summarize_descriptions")
     max_tokens = cfg.extraction.summary_max_tokens
     max_input_tokens = cfg.graph.max_description_tokens
     current = store.read(table)
+    if only is not None:
+        current = current.join(only, "id", "left_semi")
     items = summary_items(current.select("id", *keys).join(described.select(*keys, "descriptions"), keys), name_col)
 
     async def work(client, item: dict) -> LlmWork:
@@ -49,13 +52,14 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
                                     "max_input_tokens": max_input_tokens})
     summaries = outcome.where(F.col("result").isNotNull()).select(
         F.col("item_id").alias("id"), F.get_json_object("result", "$.text").alias("summary"))
-    updated = (current.join(summaries, "id", "left")
-               .withColumn("description", F.coalesce("summary", "description")).drop("summary"))
-    return updated, usage
+    return summaries.withColumnRenamed("summary", "description"), usage
 
 
-def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str) -> list[StageUsage]:
-    """Rewrite multi-description entities and relationships with their LLM summaries."""
+def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
+                    only: dict[str, DataFrame] | None = None) -> list[StageUsage]:
+    """Replace multi-description entities' and relationships' descriptions with their LLM summaries
+    (a MERGE of the summarized rows). ``only``: per table, the ids to consider (a refresh passes the
+    elements whose instances changed; the others keep their description and cost nothing)."""
     text_units = store.read(T.TEXT_UNITS)
     described = {
         T.ENTITIES: graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, 1, text_units),
@@ -66,9 +70,9 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
     for table, keys, name_col, stage in (
             (T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
             (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships")):
-        updated, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage)
-        # Materialise before overwriting the table the plan reads from.
-        updated = updated.localCheckpoint()
-        store.write(updated, table)
+        summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
+                                      (only or {}).get(table))
+        # Materialise before merging into the table the plan reads from.
+        store.update_columns(summaries.localCheckpoint(), table, ["description"])
         usages.append(usage)
     return usages

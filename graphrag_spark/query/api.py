@@ -25,6 +25,7 @@ from graphrag_spark.config import Config, load_config
 from graphrag_spark.embeddings import Embedder, get_embedder
 from graphrag_spark.errors import UserError
 from graphrag_spark.index.embed import build_embeddings, embedding_model_name
+from graphrag_spark.index.runs import published_store
 from graphrag_spark.query.basic_search import basic_search
 from graphrag_spark.query.context_report import context_sizes
 from graphrag_spark.query.global_search import SearchResult, global_search
@@ -39,10 +40,11 @@ _REQUIRED = (T.TEXT_UNITS, T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES, T.COMMUNI
 
 
 class GraphRagIndex:
-    def __init__(self, spark: SparkSession, cfg: Config) -> None:
+    def __init__(self, spark: SparkSession, cfg: Config, run_id: str | None = None) -> None:
         self.spark = spark
         self.cfg = cfg
-        self.store = T.TableStore(spark, cfg.storage)
+        # The index as its last successful run published it (or as of ``run_id``): never a run in progress.
+        self.store = published_store(spark, cfg.storage, run_id)
         # A root may hold only a RAPTOR tree (jobs/raptor.py); the GraphRAG methods then say what is missing.
         self._missing = [name for name in _REQUIRED if not self.store.exists(name)]
         if self._missing and not self.store.exists(T.RAPTOR_NODES):
@@ -53,27 +55,34 @@ class GraphRagIndex:
         self._embedder: Embedder | None = None
 
     @classmethod
-    def load(cls, spark: SparkSession, source: str | Path | Config, overrides: Sequence[str] = ()) -> GraphRagIndex:
-        """From a Config, a YAML config file (with ``section.key=value`` overrides), or an index root path."""
+    def load(cls, spark: SparkSession, source: str | Path | Config, overrides: Sequence[str] = (),
+             run_id: str | None = None) -> GraphRagIndex:
+        """From a Config, a YAML config file (with ``section.key=value`` overrides), or an index root path;
+        ``run_id`` opens the index as that recorded run published it (see ``runs()``)."""
         if isinstance(source, Config):
-            return cls(spark, source)
+            return cls(spark, source, run_id)
         if str(source).endswith((".yaml", ".yml")):
-            return cls(spark, load_config(source, list(overrides)))
+            return cls(spark, load_config(source, list(overrides)), run_id)
         cfg = load_config(None, list(overrides))
         cfg.storage.root = str(source)
-        return cls(spark, cfg)
+        return cls(spark, cfg, run_id)
 
     @classmethod
     def from_catalog(cls, spark: SparkSession, database: str, config: str | Path | None = None,
-                     overrides: Sequence[str] = ()) -> GraphRagIndex:
+                     overrides: Sequence[str] = (), run_id: str | None = None) -> GraphRagIndex:
         cfg = load_config(config, list(overrides))
         cfg.storage.database = database
-        return cls(spark, cfg)
+        return cls(spark, cfg, run_id)
 
     # ------------------------------------------------------------------ exploring
 
     def table(self, name: str) -> DataFrame:
         return self.store.read(name)
+
+    def runs(self) -> DataFrame:
+        """The recorded runs of this root, newest first: mode, status, documents added/changed/deleted, calls, cost."""
+        live = T.TableStore(self.spark, self.cfg.storage)
+        return live.read_or_empty(T.INDEX_RUNS).where(F.col("status") != "running").orderBy(F.desc("ended_at"))
 
     def levels(self) -> list[int]:
         return sorted(r[0] for r in self.table(T.COMMUNITY_REPORTS).select("level").distinct().collect())
@@ -109,7 +118,10 @@ class GraphRagIndex:
     def build_embeddings(self) -> dict[str, int]:
         """(Re)compute the embeddings stage of an index built before it existed."""
         self._vectors.clear()
-        return build_embeddings(self.spark, self.store, self.cfg)
+        counts = build_embeddings(self.spark, T.TableStore(self.spark, self.cfg.storage), self.cfg)
+        if self.store.versions is not None:  # published with the index's run: include the new tables
+            self.store.versions.update({name: self.store.version(name) for name in (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)})
+        return counts
 
     # ------------------------------------------------------------------ asking
 

@@ -1,0 +1,205 @@
+"""Refresh: an index run on a root that already holds one works on what changed, publishes atomically,
+keeps ids, numbers and unchanged communities, retracts deleted documents, and holds a lock.
+
+Offline method (the properties here do not depend on what a model writes); the LLM-only properties
+(claims, paid calls, a crash in the report stage) are in test_refresh_llm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import pytest
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.config import RefreshConfig
+from graphrag_spark.index import runs
+from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.query.api import GraphRagIndex
+
+from conftest import SAMPLE_CORPUS
+
+pytestmark = pytest.mark.spark
+
+CORPUS_A = ("lumen_cells_factory.txt", "harbour_expansion.md", "election.jsonl")
+CORPUS_B = ("seals_report.md",)
+
+
+def _copy(folder, names):
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+
+
+def _rows(store, name, columns):
+    return sorted(tuple(json.dumps(list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else v) for v in r)
+                  for r in store.read(name).select(*columns).collect())
+
+
+def _published(spark, cfg):
+    return runs.published_store(spark, cfg.storage)
+
+
+def _ari(a: dict, b: dict) -> float:
+    from sklearn.metrics import adjusted_rand_score
+
+    common = sorted(set(a) & set(b))
+    return adjusted_rand_score([a[k] for k in common], [b[k] for k in common])
+
+
+def _membership(store, level):
+    rows = store.read(T.COMMUNITIES).where(F.col("level") == level).select("community", F.explode("entity_ids").alias("e"))
+    return {r.e: r.community for r in rows.collect()}
+
+
+def test_two_jobs_racing_for_a_root_one_wins_the_other_is_told_who(spark, tmp_path):
+    from graphrag_spark.config import StorageConfig
+
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    cfg = RefreshConfig(lock_heartbeat_s=60)
+    barrier, outcomes = threading.Barrier(2), {}
+
+    def take(run_id):
+        lock = runs.IndexLock(store, run_id, cfg, job=f"job {run_id}")
+        barrier.wait()
+        try:
+            lock.acquire()
+            outcomes[run_id] = lock
+        except runs.RootLocked as exc:
+            outcomes[run_id] = str(exc)
+
+    threads = [threading.Thread(target=take, args=(f"run-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [k for k, v in outcomes.items() if isinstance(v, runs.IndexLock)]
+    assert len(winners) == 1, outcomes
+    loser = next(v for v in outcomes.values() if isinstance(v, str))
+    assert winners[0] in loser and f"job {winners[0]}" in loser and loser.startswith("Another index job is running")
+    outcomes[winners[0]].release()
+    again = runs.IndexLock(store, "run-2", cfg)
+    again.acquire()  # released: free again
+    again.release()
+
+
+def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(spark, make_config, tmp_path):
+    folder = tmp_path / "docs"
+    _copy(folder, CORPUS_A)
+    cfg = make_config("refresh.cache_retention_days=0", input_path=folder)
+    first = run_index(spark, cfg)
+    assert first.mode == "full"
+    before = _published(spark, cfg)
+    old_entities = {r.id: r.human_readable_id for r in before.read(T.ENTITIES).collect()}
+    old_reports = {r.community: r.full_content for r in before.read(T.COMMUNITY_REPORTS).collect()}
+    old_communities = {r.id: r for r in before.read(T.COMMUNITIES).collect()}
+
+    _copy(folder, CORPUS_B)
+    refresh = run_index(spark, cfg)
+    assert refresh.mode == "refresh"
+    assert refresh.counts["documents new"] == 1 and refresh.counts["documents unchanged"] == 3
+    assert refresh.counts["documents changed"] == 0 and refresh.counts["documents deleted"] == 0
+    after = _published(spark, cfg)
+
+    reference_cfg = make_config(f"storage.root={tmp_path / 'reference'}", "refresh.vacuum_retain_hours=null",
+                                input_path=folder)
+    run_index(spark, reference_cfg)
+    reference = _published(spark, reference_cfg)
+    tables = {T.DOCUMENTS: ["id", "title", "text", "source"],
+              T.TEXT_UNITS: ["id", "document_id", "chunk_index", "text", "n_tokens"],
+              T.ENTITIES: ["id", "title", "type", "description", "text_unit_ids", "frequency", "degree"],
+              T.RELATIONSHIPS: ["id", "source", "target", "weight", "description", "text_unit_ids", "combined_degree"],
+              T.CLAIMS: ["id", "text_unit_id", "subject", "description"]}
+    for name, columns in tables.items():
+        assert _rows(after, name, columns) == _rows(reference, name, columns), f"{name} differs from a full build"
+
+    # Numbers are assigned once: every old entity keeps its number, new ones come after the largest.
+    new_numbers = {r.id: r.human_readable_id for r in after.read(T.ENTITIES).collect()}
+    assert all(new_numbers[i] == n for i, n in old_entities.items() if i in new_numbers)
+    assert min(n for i, n in new_numbers.items() if i not in old_entities) > max(old_entities.values())
+    assert len(set(new_numbers.values())) == len(new_numbers)
+
+    levels = sorted({r.level for r in after.read(T.COMMUNITIES).select("level").distinct().collect()})
+    ari = {level: round(_ari(_membership(after, level), _membership(reference, level)), 3) for level in levels}
+    print(f"adjusted Rand index per level, refresh vs full build: {ari}")
+
+    # A community found again keeps its number; one whose elements did not change keeps its report.
+    entities = {r.id: (r.description, r.degree) for r in after.read(T.ENTITIES).collect()}
+    old_entity_rows = {r.id: (r.description, r.degree) for r in before.read(T.ENTITIES).collect()}
+    kept = unchanged = 0
+    reports = {r.community: r.full_content for r in after.read(T.COMMUNITY_REPORTS).collect()}
+    for row in after.read(T.COMMUNITIES).collect():
+        old = old_communities.get(row.id)
+        if old is None:
+            continue
+        kept += 1
+        assert row.community == old.community
+        same_elements = (list(row.relationship_ids) == list(old.relationship_ids)
+                         and all(entities[e] == old_entity_rows[e] for e in row.entity_ids))
+        if same_elements and row.level == max(levels):
+            unchanged += 1
+            assert reports[row.community] == old_reports[old.community]
+    assert kept > 0 and unchanged > 0
+
+    nothing = run_index(spark, cfg)
+    assert nothing.counts["nothing changed"] and nothing.counts["documents unchanged"] == 4
+    assert sum(nothing.seconds.get(stage, 0) for stage in ("graph", "communities", "community_reports")) == 0
+    assert _published(spark, cfg).versions[T.ENTITIES] == after.versions[T.ENTITIES]
+
+    # Deletion: nothing published refers to the document, its text units, or what only it supported.
+    deleted = after.read(T.DOCUMENTS).where(F.col("source").endswith("seals_report.md")).collect()[0]
+    units = [r.id for r in after.read(T.TEXT_UNITS).where(F.col("document_id") == deleted.id).collect()]
+    only_there = [r.id for r in after.read(T.ENTITIES).collect() if set(r.text_unit_ids) <= set(units)]
+    assert units and only_there
+    (folder / "seals_report.md").unlink()
+    summary = run_index(spark, cfg)
+    assert summary.counts["documents deleted"] == 1 and summary.counts["documents unchanged"] == 3
+    gone = _published(spark, cfg)
+    snippet = deleted.text.split("\n")[-1][:60]
+    for name in T.PUBLISHED:
+        if gone.exists(name):
+            text = _texts(gone, name)
+            for needle in [deleted.id, *units, *only_there, snippet]:
+                assert needle not in text, f"{name} still holds {needle!r} of the deleted document"
+    # Back to corpus A: the same graph as the first run, with the first run's numbers.
+    assert _rows(gone, T.ENTITIES, tables[T.ENTITIES]) == _rows(before, T.ENTITIES, tables[T.ENTITIES])
+    assert {r.id: r.human_readable_id for r in gone.read(T.ENTITIES).collect()} == old_entities
+
+    # Every recorded run can still be opened as it was published (until VACUUM retention).
+    old = GraphRagIndex.load(spark, cfg, run_id=refresh.run_id)
+    assert old.table(T.DOCUMENTS).where(F.col("id") == deleted.id).count() == 1
+    assert GraphRagIndex.load(spark, cfg).table(T.DOCUMENTS).where(F.col("id") == deleted.id).count() == 0
+    modes = [r.mode for r in GraphRagIndex.load(spark, cfg).runs().where(F.col("status") == "succeeded").collect()]
+    assert sorted(modes) == ["full", "refresh", "refresh", "refresh"]
+
+
+def _texts(store, name):
+    """Every value of a table as one text to search (arrays and maps included)."""
+    frame = store.read(name)
+    return " ".join(r[0] for r in frame.select(F.to_json(F.struct(*frame.columns))).collect())
+
+
+def test_change_data_feed_reads_only_changed_rows_and_records_the_version(spark, make_config, tmp_path):
+    source = str(tmp_path / "source")
+    texts = {i: (SAMPLE_CORPUS / name).read_text(encoding="utf-8") for i, name in
+             enumerate(["lumen_cells_factory.txt", "harbour_expansion.md", "seals_report.md"])}
+    (spark.createDataFrame([(i, f"doc {i}", t) for i, t in texts.items()], "doc_id int, title string, text string")
+     .write.format("delta").option("delta.enableChangeDataFeed", "true").save(source))
+    cfg = make_config("input.format=delta", "input.id_column=doc_id", "input.change_data_feed=true",
+                      "refresh.vacuum_retain_hours=null", input_path=source)
+    run_index(spark, cfg)
+    spark.sql(f"UPDATE delta.`{source}` SET text = concat(text, '\\n\\nA late addendum on the harbour.') WHERE doc_id = 1")
+    spark.sql(f"DELETE FROM delta.`{source}` WHERE doc_id = 2")
+    spark.createDataFrame([(3, "doc 3", (SAMPLE_CORPUS / "election.jsonl").read_text(encoding="utf-8"))],
+                          "doc_id int, title string, text string").write.format("delta").mode("append").save(source)
+    refresh = run_index(spark, cfg)
+    assert {k: refresh.counts[f"documents {k}"] for k in ("new", "changed", "deleted", "unchanged")} == \
+        {"new": 1, "changed": 1, "deleted": 1, "unchanged": 1}
+    store = _published(spark, cfg)
+    expected = {(f"{source}#{r.doc_id}", r.title) for r in spark.read.format("delta").load(source).collect()}
+    assert {(r.source, r.title) for r in store.read(T.DOCUMENTS).collect()} == expected
+    latest = spark.sql(f"DESCRIBE HISTORY delta.`{source}` LIMIT 1").collect()[0]["version"]
+    assert runs.published_run(T.TableStore(spark, cfg.storage))["source_version"] == latest

@@ -1,0 +1,119 @@
+"""A refresh with the LLM method, through the project's local OpenAI-compatible server, run as real jobs:
+two refresh jobs started at once (one runs, the other exits naming it), the running one killed during
+the report stage (the published index stays as it was and answers queries), and a rerun that
+finishes it without paying again for any call answered before the kill."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from pyspark.sql import functions as F
+
+from graphrag_spark import tables as T
+from graphrag_spark.index import runs
+from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.llm.server import start_server
+from graphrag_spark.query.api import GraphRagIndex
+
+from conftest import REPO, SAMPLE_CORPUS
+
+pytestmark = pytest.mark.spark
+
+KEY_ENV = "GRAPHRAG_TEST_KEY"
+
+
+def _overrides(server, root, folder):
+    return [f"storage.root={root}", f"input.path={folder}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
+            "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+            f"llm.chat.api_key_env={KEY_ENV}", "llm.items_per_commit=1", "extraction.claims=true",
+            "extraction.max_gleanings=0", "chunking.size=300", "chunking.overlap=30", "spark.shuffle_partitions=2"]
+
+
+def _job(overrides, log):
+    args = [sys.executable, str(REPO / "jobs" / "index.py"), "--config", str(REPO / "conf" / "local.yaml"),
+            "--master", "local[1]"]
+    for item in overrides:
+        args += ["--set", item]
+    env = {**os.environ, KEY_ENV: "sk-test-key", "SPARK_LOCAL_IP": "127.0.0.1"}
+    # Its own process group: the kill takes the driver's JVM and Python workers with it.
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_concurrent_refreshes_one_runs_killed_mid_reports_then_rerun_pays_nothing_twice(spark, tmp_path, monkeypatch):
+    from graphrag_spark.config import load_config
+
+    monkeypatch.setenv(KEY_ENV, "sk-test-key")
+    folder, root = tmp_path / "docs", tmp_path / "index"
+    folder.mkdir()
+    for name in ("lumen_cells_factory.txt", "seals_report.md"):
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+    with start_server(seed=3, latency_s=0.5) as server:
+        overrides = _overrides(server, root, folder)
+        cfg = load_config(REPO / "conf" / "local.yaml", overrides)
+        first = run_index(spark, cfg)
+        published = runs.published_run(T.TableStore(spark, cfg.storage))
+        reports_before = sorted(r.full_content for r in GraphRagIndex.load(spark, cfg).table(T.COMMUNITY_REPORTS).collect())
+        reports_served = server.stats()["by_kind"].get("community_report", 0)
+
+        shutil.copy(SAMPLE_CORPUS / "harbour_expansion.md", folder / "harbour_expansion.md")
+        logs = [open(tmp_path / f"job{i}.log", "w+") for i in range(2)]
+        jobs = [_job(overrides, log) for log in logs]
+        try:
+            _wait(lambda: any(j.poll() is not None for j in jobs), 240, "one of the two jobs to exit")
+            loser = next(i for i, j in enumerate(jobs) if j.poll() is not None)
+            winner = jobs[1 - loser]
+            logs[loser].seek(0)
+            message = logs[loser].read()
+            assert jobs[loser].returncode == 2, message[-2000:]
+            holder = runs.IndexLock(T.TableStore(spark, cfg.storage), "probe", cfg.refresh).holder()
+            assert holder is not None and holder["pid"] == winner.pid
+            assert f"Another index job is running on '{root}/': run {holder['run_id']}" in message
+
+            def in_report_stage():
+                stats = server.stats()
+                return (stats["by_kind"].get("community_report", 0) > reports_served
+                        and stats["requests"]["chat"] > stats["served"]["chat"])
+            _wait(in_report_stage, 300, "the refresh to reach its report stage")
+            answered = dict(server.stats()["served_hashes"])
+            os.killpg(winner.pid, signal.SIGKILL)
+            winner.wait()
+        finally:
+            for job in jobs:
+                if job.poll() is None:
+                    os.killpg(job.pid, signal.SIGKILL)
+                    job.wait()
+        time.sleep(1.0)  # the call in flight at the kill is answered into a closed socket
+        after_kill = dict(server.stats()["served_hashes"])
+
+        # The killed run published nothing: readers see the first run, and can query it.
+        assert runs.published_run(T.TableStore(spark, cfg.storage))["run_id"] == first.run_id
+        index = GraphRagIndex.load(spark, cfg)
+        assert index.store.versions == dict(published["table_versions"])
+        assert sorted(r.full_content for r in index.table(T.COMMUNITY_REPORTS).collect()) == reports_before
+        assert index.global_search("What is the harbour expansion about?", level=0).answer
+
+        rerun = run_index(spark, cfg)  # takes over the dead job's lock at once (same host, process gone)
+        final = server.stats()["served_hashes"]
+        repeated = [h for h in final if final[h] > after_kill.get(h, 0) and h in answered]
+        assert repeated == [], f"{len(repeated)} calls answered before the kill were paid again"
+        assert rerun.counts["documents new"] == 1 and sum(u.calls for u in rerun.usage) > 0
+        store = runs.published_store(spark, cfg.storage)
+        assert store.read(T.DOCUMENTS).count() == 3
+        assert store.read(T.COMMUNITY_REPORTS).where(F.col("method") == "llm").count() > 0
+        statuses = {r.run_id: r.status for r in GraphRagIndex.load(spark, cfg).runs().collect()}
+        assert statuses[rerun.run_id] == "succeeded" and statuses[first.run_id] == "succeeded"
