@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Iterator
@@ -232,7 +233,9 @@ def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, D
 
 
 def _group(parsed: DataFrame) -> tuple[DataFrame, DataFrame, dict]:
-    parsed = parsed.persist()
+    # Persisted under a plan of its own: an identical plan persisted by an earlier run in this session
+    # (a refresh of the same path) would otherwise be served from that run's cache, not from the files.
+    parsed = parsed.withColumn("_read", F.lit(time.time_ns())).persist().drop("_read")
     rejects = parsed.where("kind = 'reject'").select("source", "reason", "n_bytes")
     docs = parsed.where("kind = 'document'")
     documents = (docs.groupBy("id").agg(
