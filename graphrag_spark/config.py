@@ -195,7 +195,16 @@ class LlmConfig(_Section):
     chat: LlmModelConfig = Field(default_factory=LlmModelConfig)
     embedding: EmbeddingModelConfig = Field(default_factory=EmbeddingModelConfig)
     items_per_commit: int = Field(
-        256, gt=0, description="LLM work is committed to Delta every this many items: a crash repeats at most one batch."
+        256, gt=0, description="Most results per Delta commit of an LLM stage (each returned item is journaled at once; see commit_interval_s)."
+    )
+    commit_interval_s: float = Field(
+        10.0, gt=0, description="An LLM stage commits the results returned so far to llm_results this often; a driver crash loses at most the calls in flight (the journal keeps the rest)."
+    )
+    max_in_flight: int = Field(
+        256, gt=0, description="Most LLM calls in flight across the job; below it, concurrency is the rate limit x the observed latency (Little's law)."
+    )
+    max_result_files: int = Field(
+        64, gt=0, description="llm_results is compacted (OPTIMIZE) after a stage once it has more data files than this."
     )
     max_failed_share: float = Field(
         0.05, ge=0, le=1, description="The job fails (with a summary) if more than this share of a stage's calls failed."

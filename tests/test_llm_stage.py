@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from graphrag_spark import tables as T
@@ -56,3 +58,96 @@ def test_switching_claims_on_later_pays_only_for_the_claims(spark, make_config):
         assert (claims_usage.stage, claims_usage.items, claims_usage.calls) == ("extract_claims", 3, 1 * 3)
         assert server.stats()["served"]["chat"] == 6
         assert entities.count() > 0 and claims.count() > 0
+
+
+def _echo_items(spark, n):
+    return spark.createDataFrame([(f"i{i}", f"thing {i}") for i in range(n)], "item_id string, payload string")
+
+
+def _echo_fn():
+    """A work function defined in a function: pickled by value for the Python workers (this module is not importable there)."""
+    async def echo(client, item: dict) -> LlmWork:
+        call = await client.chat([{"role": "user", "content": f"Say something about {item['payload']}."}],
+                                 max_tokens=20, item_id=item["item_id"], stage="echo", prompt_version="v1")
+        return LlmWork(call.text, [call], call.error)
+    return echo
+
+
+def test_a_driver_crash_loses_at_most_the_calls_in_flight(spark, make_config, monkeypatch):
+    from graphrag_spark.llm import stage
+
+    _echo = _echo_fn()
+    with start_server(seed=6, latency_s=0.2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "llm.commit_interval_s=0.5", "llm.max_in_flight=4")
+        store = T.TableStore(spark, cfg.storage)
+        original, seen = stage._commit, {"rows": 0}
+
+        def crashing_commit(spark, store, rows):
+            seen["rows"] += len(rows)
+            if seen["rows"] >= 8:  # calls have returned, some are in flight: the driver dies here
+                raise KeyboardInterrupt("simulated driver crash")
+            return original(spark, store, rows)
+
+        monkeypatch.setattr(stage, "_commit", crashing_commit)
+        with pytest.raises(KeyboardInterrupt):
+            run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 40), _echo, new_run_id(), "v1", {})
+        monkeypatch.setattr(stage, "_commit", original)
+        time.sleep(1.0)  # calls in flight at the crash finish (paid, lost)
+        paid_before = server.stats()["served"]["chat"]
+        journal = stage.journal_dir(cfg.storage.root) / "echo.jsonl"
+        returned = len(stage.read_journal(journal))
+        assert 0 < returned < 40 and paid_before - returned <= 4, "only calls in flight were lost"
+
+        _, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 40), _echo,
+                                 new_run_id(), "v1", {})
+        assert (usage.cache_hits, usage.calls) == (returned, 40 - returned), "every returned call was kept"
+        assert server.stats()["served"]["chat"] == paid_before + 40 - returned
+        assert store.read(T.LLM_RESULTS).select("item_key").distinct().count() == 40
+        assert not journal.exists()
+
+
+def test_a_retried_task_pays_again_for_nothing_that_returned(spark, make_config):
+    with start_server(seed=7) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_in_flight=2")
+        store = T.TableStore(spark, cfg.storage)
+        returned_here = {"n": 0}
+        echo = _echo_fn()
+
+        async def dies_after_two(client, item: dict) -> LlmWork:
+            import os
+            import signal
+
+            from pyspark import TaskContext
+
+            work = await echo(client, item)
+            if TaskContext.get().attemptNumber() == 0 and returned_here["n"] == 2:
+                os.kill(os.getpid(), signal.SIGKILL)  # the Python worker dies with a paid call in hand
+            returned_here["n"] += 1
+            return work
+
+        outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 8),
+                                       dies_after_two, new_run_id(), "v1", {})
+        served = server.stats()
+        # Two tasks of four items, at most two in flight each; each first attempt dies when its third
+        # call returns: the retry pays again only what was in flight then (1-2 calls per task), never
+        # the two items that had returned.
+        repeated = sum(1 for n in served["served_hashes"].values() if n > 1)
+        assert max(served["served_hashes"].values()) == 2 and 2 <= repeated <= 4
+        assert served["served"]["chat"] == 8 + repeated
+        assert usage.calls == 8 and outcome.where("result is null").count() == 0
+
+
+def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
+    from graphrag_spark.llm.throttle import JobBudget, in_flight_target
+
+    now = {"t": 0.0}
+    budget = JobBudget(600, 10**9, headroom=1.0, clock=lambda: now["t"])
+    waits = [budget.reserve(10) for _ in range(100)]  # 100 callers at once, e.g. 50 tasks x 2
+    assert waits[0] == 0 and waits == sorted(waits)
+    assert waits[-1] == pytest.approx(99 / 10.0, abs=0.11), "10 requests/s, one after the other"
+    tokens = JobBudget(10**6, 6000, headroom=1.0, clock=lambda: now["t"])
+    assert tokens.reserve(50) == 0 and tokens.reserve(100) == pytest.approx(0.5, abs=0.01)  # 100 tokens/s
+    # Little's law: 10 calls/s at 10 s each keep 100 in flight (plus the margin); 1 s keeps ~13.
+    assert in_flight_target(600, 10.0, 1000) == 126 and in_flight_target(600, 1.0, 1000) == 14
+    assert in_flight_target(600, 10.0, 64) == 64

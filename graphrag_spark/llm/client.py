@@ -60,6 +60,7 @@ class CallResult:
     error: str | None = None
     n_429: int = 0
     cache_key: str = ""
+    queue_s: float = 0.0
     item_id: str | None = None
     stage: str | None = None
     finish_reason: str | None = None
@@ -80,6 +81,7 @@ class EmbedResult:
     error: str | None = None
     n_429: int = 0
     cache_key: str = ""
+    queue_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -193,13 +195,18 @@ def _error_headers(exc: Exception) -> Mapping[str, str] | None:
 
 
 class LlmClient:
-    """Async chat and embeddings for one configured model; use as ``async with LlmClient(cfg, share) as client``."""
+    """Async chat and embeddings for one configured model; use as ``async with LlmClient(cfg, share) as client``.
 
-    def __init__(self, cfg: LlmModelConfig, share: float = 1.0) -> None:
+    ``limiter`` replaces the task-local ``RateLimiter`` (the coordinator's job-wide budget);
+    ``concurrency`` replaces ``cfg.concurrency`` when the caller bounds its calls itself.
+    """
+
+    def __init__(self, cfg: LlmModelConfig, share: float = 1.0, *, limiter: Any = None,
+                 concurrency: int | None = None) -> None:
         self.cfg = cfg
         self._openai = _build_openai_client(cfg, _read_api_key(cfg))
-        self._limiter = RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
-        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
+        self._slots = asyncio.Semaphore(concurrency or cfg.concurrency)
         self._rng = random.Random()
 
     def __repr__(self) -> str:
@@ -276,18 +283,30 @@ class LlmClient:
         return result
 
     async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str) -> tuple[T | None, dict]:
+        """``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for
+        a slot, the rate budget or a retry's backoff: the two are reported separately."""
         started = time.monotonic()
+        service = 0.0
         n_429 = 0
         attempt = 0
+
+        def timing() -> dict:
+            return dict(latency_s=service, queue_s=max(0.0, time.monotonic() - started - service))
+
         while True:
             attempt += 1
+            sent = None
             try:
                 async with self._slots:
                     await self._limiter.acquire(estimate)
+                    sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
                         response = await call()
-                return response, dict(attempts=attempt, latency_s=time.monotonic() - started, n_429=n_429, error=None)
+                service += time.monotonic() - sent
+                return response, dict(attempts=attempt, n_429=n_429, error=None, **timing())
             except (openai.OpenAIError, TimeoutError) as exc:  # API failures end as an error result, bugs still raise
+                if sent is not None:
+                    service += time.monotonic() - sent
                 retryable = _is_retryable(exc)
                 retry_after = retry_after_seconds(_error_headers(exc))
                 if isinstance(exc, openai.RateLimitError):
@@ -296,7 +315,7 @@ class LlmClient:
                 if not retryable or attempt > self.cfg.max_retries:
                     error = self._describe(exc, attempt)
                     log.warning("LLM call %s failed: %s", label, error)
-                    return None, dict(attempts=attempt, latency_s=time.monotonic() - started, n_429=n_429, error=error)
+                    return None, dict(attempts=attempt, n_429=n_429, error=error, **timing())
                 delay = backoff_seconds(attempt, retry_after, self._rng)
                 log.debug("LLM call %s attempt %d: %s; retrying in %.2fs", label, attempt, type(exc).__name__, delay)
             await asyncio.sleep(delay)

@@ -1,4 +1,4 @@
-"""Running LLM work from Spark: cached in Delta, committed in batches, throttled job-wide, accounted.
+"""Running LLM work from Spark: cached in Delta, durable per item, throttled job-wide, accounted.
 
 Every LLM stage hands this module a DataFrame of items (``item_id``, ``payload``) and an async
 function that turns one item into an ``LlmWork``. Each item gets a key: a hash of (stage, model,
@@ -6,24 +6,37 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
 
 - **Nothing paid twice.** Items whose key already has a successful row in ``llm_results`` are
   not called again (an anti-join). Identical items (e.g. a duplicated chunk) share one call.
-- **Crash-safe.** Pending items are processed in batches of ``llm.items_per_commit``, each a
-  Spark job that appends its results to Delta before the next starts: a crash (driver or
-  executor) repeats at most the batch in flight; a retried task repeats only its partition.
-- **Job-wide throttling.** Each task gets ``1/concurrent_tasks`` of the requests/min and
-  tokens/min budget (a Python worker's limiter sees only its own calls).
+- **One Spark job per stage**, over all pending items: no per-batch re-scan, no pending keys
+  collected on the driver, no slowest-item barrier (a task keeps its window of items in flight
+  and starts the next item as soon as one returns).
+- **Durable per item.** Tasks send each finished item's row to the driver's coordinator
+  (``llm.coordinator``), which journals it at once and commits to Delta every
+  ``llm.commit_interval_s``: a driver crash loses at most the calls in flight, and a task that
+  Spark retries pays again for nothing that had returned. ``llm_results`` is compacted once it
+  has more than ``llm.max_result_files`` files.
+- **Job-wide throttling.** One budget on the driver for all tasks; concurrency is the limit x
+  the observed latency (Little's law), up to ``llm.max_in_flight``.
 - **Nothing lost.** A failed item is a row with its error, stage, item id and attempts; it is
   retried on the next run. The stage fails with a summary only above ``llm.max_failed_share``.
 - **Usage.** One ``llm_usage`` row per run and stage: calls, cache hits, retries, failures,
-  tokens, latency percentiles and an estimated cost from the configured prices.
+  tokens, service latency and queue wait percentiles (apart), and an estimated cost.
+
+On Spark Connect the executors cannot reach the client, so there is no coordinator: tasks
+throttle to ``1/tasks`` of the budget, and results are committed once, after the stage's job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import secrets
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
 import pandas as pd
@@ -31,14 +44,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import default_parallelism
+from graphrag_spark.compat import default_parallelism, is_connect
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import CallResult, LlmClient, run_items
+from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
+                                            rows_frame, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.progress import llm_meter
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
+# A task's items are in its Python worker's memory; more items make more tasks, not bigger ones.
+_ITEMS_PER_TASK = 2000
+_UNBOUNDED = 1_000_000  # the task's window bounds its calls, not the client's semaphore
 
 
 @dataclass
@@ -65,12 +83,15 @@ class StageUsage:
     latency_p95_s: float = 0.0
     est_cost_usd: float = 0.0
     wall_s: float = 0.0
+    queue_p50_s: float = 0.0
+    queue_p95_s: float = 0.0
 
     def render(self) -> str:
         return (f"{self.stage:<24} items {self.items:>6}  cache hits {self.cache_hits:>6}  calls {self.calls:>6}  "
                 f"retries {self.retries:>4}  429s {self.n_429:>4}  failures {self.failures:>4}  "
-                f"tokens {self.prompt_tokens:>9}+{self.completion_tokens:<8} p50 {self.latency_p50_s:.2f}s "
-                f"p95 {self.latency_p95_s:.2f}s  ${self.est_cost_usd:.4f}  {self.wall_s:.1f}s")
+                f"tokens {self.prompt_tokens:>9}+{self.completion_tokens:<8} latency p50 {self.latency_p50_s:.2f}s "
+                f"p95 {self.latency_p95_s:.2f}s  queue p50 {self.queue_p50_s:.2f}s p95 {self.queue_p95_s:.2f}s  "
+                f"${self.est_cost_usd:.4f}  {self.wall_s:.1f}s")
 
 
 def new_run_id() -> str:
@@ -83,20 +104,18 @@ def with_item_keys(items: DataFrame, stage: str, model: str, prompt_version: str
     return items.withColumn("item_key", F.substring(F.sha2(F.concat_ws("\x1f", F.lit(fixed), F.col("payload")), 256), 1, 32))
 
 
-def _work_rows(run_id: str, stage: str, model: str, keys: list[str], ids: list[str], works: list[LlmWork]) -> pd.DataFrame:
-    now = pd.Timestamp.now(tz="UTC").tz_localize(None)
-    rows = []
-    for key, item_id, work in zip(keys, ids, works):
-        calls = work.calls
-        rows.append({
-            "item_key": key, "stage": stage, "item_id": item_id, "model": model, "run_id": run_id,
-            "result": None if work.error else json.dumps(work.result, ensure_ascii=False),
-            "error": work.error, "n_calls": len(calls), "attempts": sum(c.attempts for c in calls),
-            "n_429": sum(c.n_429 for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
-            "completion_tokens": sum(c.completion_tokens for c in calls),
-            "call_latencies": [float(c.latency_s) for c in calls], "created_at": now,
-        })
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS, dtype=object)
+def _work_row(run_id: str, stage: str, model: str, key: str, item_id: str, work: LlmWork) -> dict:
+    """One ``llm_results`` row as JSON-ready values (sent to the coordinator, journaled)."""
+    calls = work.calls
+    return {
+        "item_key": key, "stage": stage, "item_id": item_id, "model": model, "run_id": run_id,
+        "result": None if work.error else json.dumps(work.result, ensure_ascii=False),
+        "error": work.error, "n_calls": len(calls), "attempts": sum(c.attempts for c in calls),
+        "n_429": sum(c.n_429 for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
+        "completion_tokens": sum(c.completion_tokens for c in calls),
+        "call_latencies": [float(c.latency_s) for c in calls], "queue_waits": [float(c.queue_s) for c in calls],
+        "created_at": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(),
+    }
 
 
 def _safe(work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]]):
@@ -109,50 +128,152 @@ def _safe(work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]]):
     return run
 
 
+async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfig, row_of) -> list[LlmWork]:
+    """One task: its items not yet returned (asked from the coordinator), each started as soon as
+    the window allows, each row sent to the coordinator as soon as the item returns."""
+    works: list[LlmWork] = []
+    budget = RemoteBudget(url, 1)
+    started = await budget.post("start", {"keys": [r["item_key"] for r in records]})
+    todo, budget.window = set(started["todo"]), started["window"]
+    queue = [r for r in records if r["item_key"] in todo]
+    try:
+        async with LlmClient(model, limiter=budget, concurrency=_UNBOUNDED) as client:
+            async def one(record: dict) -> None:
+                work = await work_fn(client, record)
+                await budget.post("result", {"row": row_of(record, work)})
+                works.append(work)
+
+            running: set[asyncio.Task] = set()
+            position = 0
+            while position < len(queue) or running:
+                while position < len(queue) and len(running) < budget.window:
+                    running.add(asyncio.create_task(one(queue[position])))
+                    position += 1
+                finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    task.result()
+    finally:
+        await budget.post("finish", {})
+    return works
+
+
+def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
+    if rows:
+        frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
+        store.write(frame.coalesce(1), T.LLM_RESULTS, mode="append")
+
+
+def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
+    """Commit what an earlier, crashed run of this stage journaled but did not commit; returns the rows recovered."""
+    rows = read_journal(journal)
+    if rows:
+        frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
+        committed = store.read_or_empty(T.LLM_RESULTS).select("item_key", "run_id")
+        store.write(frame.join(committed, ["item_key", "run_id"], "left_anti").coalesce(1), T.LLM_RESULTS, mode="append")
+    journal.unlink(missing_ok=True)
+    return len(rows)
+
+
+def _driver_host(spark: SparkSession) -> str:
+    if spark.sparkContext.master.startswith("local"):
+        return "127.0.0.1"
+    return spark.conf.get("spark.driver.host")
+
+
+def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
+                     pending: DataFrame, n_tasks: int, safe_fn, row_of, tally, meter, journal: Path) -> UsageFigures:
+    coordinator = Coordinator(_driver_host(spark), model.requests_per_minute, model.tokens_per_minute,
+                              llm.max_in_flight, journal)
+    coordinator.on_result = lambda row: meter.committed(1)
+    url = coordinator.url
+
+    def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        records = [record for frame in frames for record in frame.to_dict("records")]
+        works = asyncio.run(_run_task(records, url, safe_fn, model, row_of))
+        tally.add(works)
+        yield pd.DataFrame({"n": [len(works)]})
+
+    group = f"llm-stage-{secrets.token_hex(4)}"
+    failure: list[BaseException] = []
+
+    def run_job() -> None:
+        spark.sparkContext.setJobGroup(group, "LLM stage", interruptOnCancel=True)
+        try:
+            pending.repartition(n_tasks).mapInPandas(call_partition, "n long").collect()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the driver's main thread
+            failure.append(exc)
+
+    job = threading.Thread(target=run_job, name=group, daemon=True)
+    job.start()
+    try:
+        wait_for(job, llm.commit_interval_s, lambda: _commit(spark, store, coordinator.take_buffer()))
+        _commit(spark, store, coordinator.take_buffer())
+    finally:
+        if job.is_alive():  # the driver is going down: stop the calls (the journal keeps what returned)
+            spark.sparkContext.cancelJobGroup(group)
+        coordinator.close()
+    journal.unlink(missing_ok=True)
+    if failure:
+        raise failure[0]
+    return coordinator.usage()
+
+
+def _run_in_one_job(spark: SparkSession, store: T.TableStore, model: LlmModelConfig, pending: DataFrame,
+                    n_tasks: int, safe_fn, row_of, tally) -> UsageFigures:
+    """Spark Connect: each task throttles to its share; the rows come back to the client and are committed once."""
+    share = 1.0 / n_tasks
+
+    def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        records = [record for frame in frames for record in frame.to_dict("records")]
+        works = run_items(records, safe_fn, model, share)
+        tally.add(works)
+        yield pd.DataFrame({"row": [json.dumps(row_of(r, w), ensure_ascii=False) for r, w in zip(records, works)]})
+
+    rows = [json.loads(r) for r in pending.repartition(n_tasks).mapInPandas(call_partition, "row string").toPandas()["row"]]
+    _commit(spark, store, rows)
+    return usage_of(rows)
+
+
+def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
+    name = store.location(T.LLM_RESULTS) if store.storage.database else f"delta.`{store.location(T.LLM_RESULTS)}`"
+    if spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["numFiles"] > max_files:
+        spark.sql(f"OPTIMIZE {name}")
+
+
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
                   items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
                   prompt_version: str, params: dict) -> tuple[DataFrame, StageUsage]:
     """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
+    journal = journal_dir(None if store.storage.database else store.storage.root) / f"{stage}.jsonl"
+    _recover(spark, store, journal)
     done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
     unique_items = keyed.dropDuplicates(["item_key"])
-    # Batches are fixed on the driver from the pending keys, so a batch never shifts while earlier
-    # batches are being committed to the very table the anti-join reads.
-    pending_keys = sorted(r.item_key for r in unique_items.join(done, "item_key", "left_anti").select("item_key").collect())
     n_items = unique_items.count()
-    n_pending = len(pending_keys)
+    pending = unique_items.join(done, "item_key", "left_anti")
+    n_pending = pending.count()
     if n_pending:
-        ensure_api_key(model)  # the closure below carries the key; a bad one fails here, once
-    # Task slots of the cluster: every task of a batch runs at once, so each gets 1/n of the budget.
-    parallelism = default_parallelism(spark)
+        ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
     safe_fn = _safe(work_fn)
     model_name = model.model
+
+    def row_of(record: dict, work: LlmWork) -> dict:
+        return _work_row(run_id, stage, model_name, record["item_key"], record["item_id"], work)
+
     meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
-    tally = meter.tally
+    figures = UsageFigures()
+    if n_pending:
+        n_tasks = max(1, min(n_pending, max(default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK))))
+        if is_connect(spark):
+            figures = _run_in_one_job(spark, store, model, pending, n_tasks, safe_fn, row_of, meter.tally)
+        else:
+            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter.tally,
+                                       meter, journal)
+        _compact(spark, store, llm.max_result_files)
 
-    for start in range(0, n_pending, llm.items_per_commit):
-        batch_keys = pending_keys[start:start + llm.items_per_commit]
-        wave = unique_items.join(F.broadcast(spark.createDataFrame([(k,) for k in batch_keys], "item_key string")), "item_key")
-        n_tasks = max(1, min(parallelism, len(batch_keys)))
-        share = 1.0 / n_tasks
-
-        def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-            for frame in frames:
-                records = frame.to_dict("records")
-                works = run_items(records, safe_fn, model, share)
-                tally.add(works)
-                yield _work_rows(run_id, stage, model_name, frame["item_key"].tolist(), frame["item_id"].tolist(), works)
-
-        results = wave.repartition(n_tasks).mapInPandas(call_partition, T.SCHEMAS[T.LLM_RESULTS])
-        store.write(results, T.LLM_RESULTS, mode="append")
-        meter.committed(len(batch_keys))
-
-    # Only this call's pending keys: a stage that runs more than once in a run (reports, per level)
-    # must not count again the calls an earlier pass made for items that are cache hits now.
-    called = spark.createDataFrame([(k,) for k in pending_keys], "item_key string")
-    usage = _usage(store, stage, run_id, called, n_items, n_items - n_pending, model, time.perf_counter() - started)
-    all_results = store.read(T.LLM_RESULTS).where(F.col("stage") == stage)
+    usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
+    all_results = store.read_or_empty(T.LLM_RESULTS).where(F.col("stage") == stage)
     succeeded = (all_results.where(F.col("error").isNull()).groupBy("item_key")
                  .agg(F.first("result").alias("result")).withColumn("error", F.lit(None).cast("string")))
     failed = (all_results.where(F.col("error").isNotNull()).join(succeeded.select("item_key"), "item_key", "left_anti")
@@ -170,22 +291,13 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     return outcome, usage
 
 
-def _usage(store: T.TableStore, stage: str, run_id: str, keys: DataFrame, n_items: int, cache_hits: int,
-           model: LlmModelConfig, wall_s: float) -> StageUsage:
-    usage = StageUsage(stage=stage, items=n_items, cache_hits=cache_hits, wall_s=round(wall_s, 2))
-    if not store.exists(T.LLM_RESULTS):
-        return usage
-    rows = (store.read(T.LLM_RESULTS).where((F.col("stage") == stage) & (F.col("run_id") == run_id))
-            .join(keys, "item_key", "left_semi"))
-    agg = rows.agg(F.sum("n_calls").alias("calls"), F.sum("attempts").alias("attempts"), F.sum("n_429").alias("n_429"),
-                   F.sum("prompt_tokens").alias("pt"), F.sum("completion_tokens").alias("ct")).collect()[0]
-    latency = rows.select(F.explode("call_latencies").alias("l")).agg(
-        F.percentile_approx("l", [0.5, 0.95]).alias("p")).collect()[0].p or [0.0, 0.0]
-    usage.calls = int(agg.calls or 0)
-    usage.retries = int((agg.attempts or 0) - usage.calls)
-    usage.n_429 = int(agg.n_429 or 0)
-    usage.prompt_tokens, usage.completion_tokens = int(agg.pt or 0), int(agg.ct or 0)
-    usage.latency_p50_s, usage.latency_p95_s = round(float(latency[0]), 3), round(float(latency[1]), 3)
+def _usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, model: LlmModelConfig,
+           wall_s: float) -> StageUsage:
+    usage = StageUsage(stage=stage, items=n_items, cache_hits=cache_hits, wall_s=round(wall_s, 2),
+                       calls=figures.calls, retries=figures.attempts - figures.calls, n_429=figures.n_429,
+                       prompt_tokens=figures.prompt_tokens, completion_tokens=figures.completion_tokens,
+                       latency_p50_s=figures.latency_p50_s, latency_p95_s=figures.latency_p95_s,
+                       queue_p50_s=figures.queue_p50_s, queue_p95_s=figures.queue_p95_s)
     usage.est_cost_usd = round(usage.prompt_tokens / 1000 * model.price_per_1k_prompt
                                + usage.completion_tokens / 1000 * model.price_per_1k_completion, 6)
     return usage

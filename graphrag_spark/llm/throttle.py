@@ -1,7 +1,13 @@
-"""Client-side throttling: one task's share of the job's requests/min and tokens/min budget.
+"""Throttling to a requests/min and tokens/min budget.
 
-Every concurrent Spark task is its own Python worker, so no limiter can see the whole
-job; each task gets ``share`` (1 / concurrent tasks) of the budget instead. Two token
+``JobBudget`` is the whole job's budget in one place: the driver's coordinator
+(``llm.coordinator``) serves it to every task over localhost/the cluster network, so all
+concurrent tasks share one budget and concurrency follows from the limit and the observed
+latency (``in_flight_target``, Little's law), not from the number of tasks.
+
+``RateLimiter`` is a client-side limiter for callers without a coordinator (Spark Connect,
+query-time calls): every concurrent Spark task is its own Python worker, so it gets
+``share`` (1 / concurrent tasks) of the budget. Two token
 buckets (requests, tokens) refill continuously at that rate. Bursts are kept to about
 one second of budget, so that the provider's sliding one-minute window never sees more
 than the limit, and the limiter aims slightly below it (``headroom``) to absorb clock
@@ -13,6 +19,7 @@ skew between tasks. A 429 halves the rate and pauses every caller until ``Retry-
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
@@ -98,6 +105,77 @@ class RateLimiter:
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         """A 429: pause everyone until ``Retry-After`` and halve the rate (once per burst of 429s)."""
+        now = self._clock()
+        if retry_after_s:
+            self._paused_until = max(self._paused_until, now + retry_after_s)
+        if now - self._decreased_at >= max(1.0, retry_after_s or 0.0):
+            self._refill(now)
+            self._factor_base = max(self._min_factor, self.factor() / 2.0)
+            self._decreased_at = now
+
+
+def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, margin: float = 1.25) -> int:
+    """Little's law: calls that must be in flight for ``requests_per_minute`` at ``latency_s`` each
+    (plus a margin for latency spread), at least 1 and at most ``cap``."""
+    return max(1, min(cap, math.ceil(requests_per_minute / 60.0 * latency_s * margin) + 1))
+
+
+class JobBudget:
+    """The whole job's requests/min and tokens/min budget, in one place (the driver's coordinator).
+
+    Every call of every task reserves its request and estimated tokens here and is told how long
+    to wait before sending: reservations are granted in arrival order and may run the buckets
+    into debt, so the wait of a caller is exactly the time its reservation needs to refill (no
+    polling, no per-task shares). Bursts are capped at ``burst_s`` of budget, the rate aims at
+    ``headroom`` of the limit, and 429s slow everyone down as in ``RateLimiter`` (halve once per
+    burst of 429s, pause until ``Retry-After``, recover linearly over ``recovery_s``).
+    """
+
+    def __init__(self, requests_per_minute: float, tokens_per_minute: float, *, headroom: float = 0.97,
+                 burst_s: float = 1.0, min_factor: float = 0.05, recovery_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.requests_per_minute = requests_per_minute
+        self._request_rate = requests_per_minute * headroom / 60.0
+        self._token_rate = tokens_per_minute * headroom / 60.0
+        self._burst_s = burst_s
+        self._min_factor = min_factor
+        self._recovery_s = recovery_s
+        self._clock = clock
+        now = clock()
+        self._updated = now
+        self._requests = 1.0
+        self._tokens = max(1.0, self._token_rate * burst_s)
+        self._paused_until = now
+        self._factor_base = 1.0
+        self._decreased_at = now - recovery_s
+
+    def factor(self) -> float:
+        recovered = (self._clock() - self._decreased_at) / self._recovery_s
+        return min(1.0, self._factor_base + recovered * (1.0 - self._factor_base))
+
+    def _refill(self, now: float) -> float:
+        factor = self.factor()
+        elapsed, self._updated = now - self._updated, now
+        self._requests = min(max(1.0, self._request_rate * factor * self._burst_s),
+                             self._requests + elapsed * self._request_rate * factor)
+        self._tokens = min(max(1.0, self._token_rate * factor * self._burst_s),
+                           self._tokens + elapsed * self._token_rate * factor)
+        return factor
+
+    def reserve(self, tokens: int) -> float:
+        """Charge one request of about ``tokens`` tokens; returns the seconds to wait before sending it."""
+        now = self._clock()
+        factor = self._refill(now)
+        self._requests -= 1.0
+        self._tokens -= tokens
+        return max(0.0, self._paused_until - now, -self._requests / (self._request_rate * factor),
+                   -self._tokens / (self._token_rate * factor))
+
+    def settle(self, tokens: int) -> None:
+        """Charge (or refund, if negative) the difference between estimated and used tokens."""
+        self._tokens -= tokens
+
+    def on_rate_limited(self, retry_after_s: float | None) -> None:
         now = self._clock()
         if retry_after_s:
             self._paused_until = max(self._paused_until, now + retry_after_s)

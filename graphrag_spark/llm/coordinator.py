@@ -1,0 +1,263 @@
+"""The driver's side of an LLM stage: one job-wide rate budget and per-item durability for every task.
+
+Each Spark task is its own Python worker; none of them can see the whole job. The coordinator
+is a small HTTP server in the driver process (bound to the driver's address, port chosen by
+the OS, a random token in every request) that the stage's tasks talk to:
+
+- ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
+  task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
+- ``/acquire`` (estimated tokens, 429s seen, token corrections): the seconds to wait before
+  the call, from the one ``JobBudget``, and the task's window of items in flight: the job's
+  Little's-law target (limit x observed latency) divided by the tasks running.
+- ``/result`` (one item's ``llm_results`` row): appended to a journal file and buffered. The
+  stage commits the buffer to Delta every ``llm.commit_interval_s``; a stage that starts finds
+  an earlier crash's journal and commits what it holds first. A driver crash therefore loses at
+  most the calls in flight.
+
+Usage is computed here from the rows received (no scan of ``llm_results``): calls, retries,
+429s, tokens, and service latency and queue wait as separate percentiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import hashlib
+import math
+import secrets
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from graphrag_spark.llm.throttle import JobBudget, in_flight_target
+
+_LATENCY_SMOOTHING = 0.2
+_REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclass
+class UsageFigures:
+    calls: int = 0
+    attempts: int = 0
+    n_429: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_p50_s: float = 0.0
+    latency_p95_s: float = 0.0
+    queue_p50_s: float = 0.0
+    queue_p95_s: float = 0.0
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    p50, p95 = np.percentile(np.asarray(values, dtype=float), [50, 95])
+    return round(float(p50), 3), round(float(p95), 3)
+
+
+def usage_of(rows: list[dict]) -> UsageFigures:
+    """Usage figures of ``llm_results`` rows (as dicts)."""
+    figures = UsageFigures()
+    latencies, waits = [], []
+    for row in rows:
+        figures.calls += row["n_calls"]
+        figures.attempts += row["attempts"]
+        figures.n_429 += row["n_429"]
+        figures.prompt_tokens += row["prompt_tokens"]
+        figures.completion_tokens += row["completion_tokens"]
+        latencies += row["call_latencies"] or []
+        waits += row["queue_waits"] or []
+    figures.latency_p50_s, figures.latency_p95_s = _percentiles(latencies)
+    figures.queue_p50_s, figures.queue_p95_s = _percentiles(waits)
+    return figures
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The rows of a journal file; a line cut short by a crash is ignored (its call was in flight)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class Coordinator:
+    def __init__(self, host: str, requests_per_minute: float, tokens_per_minute: float, max_in_flight: int,
+                 journal: Path) -> None:
+        self.token = secrets.token_hex(16)
+        self._budget = JobBudget(requests_per_minute, tokens_per_minute)
+        self._rpm = requests_per_minute
+        self._max_in_flight = max_in_flight
+        self._lock = threading.Lock()
+        self._done: set[str] = set()
+        self._buffer: list[dict] = []
+        self._rows: list[dict] = []
+        self._active_tasks = 0
+        self._latency_s: float | None = None
+        self.on_result = None  # a callable(row) the stage may set (progress)
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        self.journal = journal
+        self._journal = journal.open("a", encoding="utf-8")
+        self._server = ThreadingHTTPServer((host, 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://{host}:{self._server.server_address[1]}/{self.token}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="llm-coordinator", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._journal.close()
+
+    # -- what tasks call -------------------------------------------------------------------
+    def window(self) -> int:
+        """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
+        latency = self._latency_s if self._latency_s is not None else 1.0
+        total = in_flight_target(self._rpm * self._budget.factor(), latency, self._max_in_flight)
+        return max(1, math.ceil(total / max(1, self._active_tasks)))
+
+    def start(self, keys: list[str]) -> dict:
+        with self._lock:
+            self._active_tasks += 1
+            return {"todo": [k for k in keys if k not in self._done], "window": self.window()}
+
+    def finish(self) -> dict:
+        with self._lock:
+            self._active_tasks = max(0, self._active_tasks - 1)
+        return {}
+
+    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None]) -> dict:
+        with self._lock:
+            self._budget.settle(settle)
+            for retry_after in rate_limited:
+                self._budget.on_rate_limited(retry_after)
+            return {"wait": self._budget.reserve(tokens), "window": self.window()}
+
+    def result(self, row: dict) -> dict:
+        line = json.dumps(row, ensure_ascii=False)
+        with self._lock:
+            if row["item_key"] in self._done:  # a speculative or retried copy: keep the first
+                return {}
+            self._journal.write(line + "\n")
+            self._journal.flush()
+            self._done.add(row["item_key"])
+            self._buffer.append(row)
+            self._rows.append(row)
+            for latency in row["call_latencies"] or []:
+                self._latency_s = latency if self._latency_s is None else (
+                    (1 - _LATENCY_SMOOTHING) * self._latency_s + _LATENCY_SMOOTHING * latency)
+        if self.on_result is not None:
+            self.on_result(row)
+        return {}
+
+    # -- what the stage calls --------------------------------------------------------------
+    def take_buffer(self) -> list[dict]:
+        with self._lock:
+            rows, self._buffer = self._buffer, []
+        return rows
+
+    def returned(self) -> int:
+        with self._lock:
+            return len(self._rows)
+
+    def usage(self) -> UsageFigures:
+        with self._lock:
+            rows = list(self._rows)
+        return usage_of(rows)
+
+    def _handler(self):
+        coordinator = self
+        routes = {"start": lambda b: coordinator.start(b["keys"]), "finish": lambda b: coordinator.finish(),
+                  "acquire": lambda b: coordinator.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", [])),
+                  "result": lambda b: coordinator.result(b["row"])}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                _, token, route = (self.path.split("/") + ["", ""])[:3]
+                if token != coordinator.token or route not in routes:
+                    self.send_error(404)
+                    return
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                payload = json.dumps(routes[route](body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:  # requests carry the token: never logged
+                pass
+
+        return Handler
+
+
+def rows_frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    """Journal/buffer rows as a pandas frame in ``llm_results`` column order (timestamps parsed)."""
+    frame = pd.DataFrame(rows, columns=columns, dtype=object)
+    frame["created_at"] = pd.to_datetime(frame["created_at"])
+    return frame
+
+
+def post_json(url: str, body: dict) -> dict:
+    """One request to the coordinator (stdlib only: the executors need nothing more)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=_REQUEST_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
+class RemoteBudget:
+    """The task's side of ``/acquire``: the ``RateLimiter`` interface that ``LlmClient`` uses, backed by
+    the coordinator. Token corrections and 429s ride along with the next reservation."""
+
+    def __init__(self, url: str, window: int) -> None:
+        self._url = url
+        self.window = window
+        self._settle = 0
+        self._rate_limited: list[float | None] = []
+
+    async def post(self, route: str, body: dict) -> dict:
+        return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
+
+    async def acquire(self, tokens: int) -> None:
+        settle, self._settle = self._settle, 0
+        rate_limited, self._rate_limited = self._rate_limited, []
+        answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited})
+        self.window = answer["window"]
+        if answer["wait"] > 0:
+            await asyncio.sleep(answer["wait"])
+
+    def settle(self, estimated: int, actual: int) -> None:
+        self._settle += actual - estimated
+
+    def on_rate_limited(self, retry_after_s: float | None) -> None:
+        self._rate_limited.append(retry_after_s)
+
+
+def journal_dir(root: str | None) -> Path:
+    """Where stages journal their results: next to the tables for a local root, else a local temp dir."""
+    if root and (root.startswith("file:") or ":" not in root.split("/")[0]):
+        return Path(root.removeprefix("file://").removeprefix("file:")) / "_llm_journal"
+    digest = hashlib.sha256((root or "").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "graphrag-spark-journal" / digest
+
+
+def wait_for(thread: threading.Thread, interval_s: float, on_tick) -> None:
+    """Join ``thread``, calling ``on_tick`` every ``interval_s`` while it runs."""
+    deadline = time.monotonic() + interval_s
+    while thread.is_alive():
+        thread.join(timeout=max(0.05, deadline - time.monotonic()))
+        if time.monotonic() >= deadline:
+            on_tick()
+            deadline = time.monotonic() + interval_s
