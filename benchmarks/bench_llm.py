@@ -38,7 +38,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", f"chunking.size={chunk_size}",
             f"chunking.overlap={min(100, chunk_size // 6)}", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
-            "llm.chat.tokens_per_minute=100000000", "llm.chat.concurrency=16", "llm.items_per_commit=1000",
+            "llm.chat.tokens_per_minute=100000000", "llm.items_per_commit=1000",
             f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
         spark = build_spark(cfg.spark)
         store = T.TableStore(spark, cfg.storage)
@@ -61,8 +61,13 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             "theoretical_min_s": round(minimum_s, 1), "achieved_rpm": round(calls / wall * 60, 1), "limit_rpm": rpm,
             "share_of_limit": round(calls / wall * 60 / rpm, 3),
             "sustained_rpm_during_calls": round(sustained_rpm, 1), "sustained_share": round(sustained_rpm / rpm, 3), "server_429s": stats["rate_limited"],
-            "client_429s_seen": sum(u.n_429 for u in usages), "failures": sum(u.failures for u in usages),
-            "p50_latency_s": usages[0].latency_p50_s}
+            "client_429s_seen": sum(u.n_429 for u in usages), "share_429": round(stats["rate_limited"] / max(1, calls), 4),
+            "failures": sum(u.failures for u in usages),
+            "service_latency_p50_s": usages[0].latency_p50_s, "service_latency_p95_s": usages[0].latency_p95_s,
+            "queue_wait_p50_s": usages[0].queue_p50_s, "queue_wait_p95_s": usages[0].queue_p95_s,
+            # Little's law: calls in flight on average while calls were being served.
+            "mean_in_flight": round(calls * usages[0].latency_p50_s / stats["served_span_s"], 1) if stats["served_span_s"] else 0.0,
+            "goal_95pct_inside_stage": sustained_rpm / rpm >= 0.95, "goal_429s_le_1pct": stats["rate_limited"] <= 0.01 * calls}
 
 
 def main() -> None:

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import shutil
+from dataclasses import dataclass
 
 import pytest
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.config import load_config
 from graphrag_spark.errors import StageFailed
+from graphrag_spark.index import graph
+from graphrag_spark.index.chunks import build_text_units
+from graphrag_spark.index.documents import build_documents
+from graphrag_spark.index.extraction import extract_llm_instances
 from graphrag_spark.index.pipeline import estimate_extraction, run_index
 from graphrag_spark.llm.server import start_server
+from graphrag_spark.llm.stage import new_run_id
 
-from conftest import SAMPLE_CORPUS
+from conftest import REPO, SAMPLE_CORPUS
 
 pytestmark = pytest.mark.spark
 
@@ -22,28 +31,27 @@ SECRET = "sk-test-THIS-KEY-MUST-NEVER-LEAK-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def mini_corpus(tmp_path_factory):
-    """Three sample files (5 documents): enough for several batches and communities, cheap on 2 cores."""
+    """Three sample files (5 documents): enough for several tasks and communities, cheap on 2 cores."""
     folder = tmp_path_factory.mktemp("mini")
     for name in ("lumen_cells_factory.txt", "seals_report.md", "business_briefs.csv"):
         shutil.copy(SAMPLE_CORPUS / name, folder / name)
     return folder
 
 
+def _llm_config(root, corpus, server, *extra):
+    return load_config(REPO / "conf" / "local.yaml", [
+        f"storage.root={root}", f"input.path={corpus}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
+        "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+        "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
+        "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5", "llm.chat.price_per_1k_completion=1.5",
+        "chunking.size=200", "chunking.overlap=30", *extra])
+
+
 @pytest.fixture
-def llm_config(make_config, mini_corpus):
+def llm_config(tmp_path, mini_corpus):
     def make(server, *extra):
-        return make_config("extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
-                           "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
-                           "llm.items_per_commit=2", "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5",
-                           "llm.chat.price_per_1k_completion=1.5", "chunking.size=200", "chunking.overlap=30", *extra,
-                           input_path=mini_corpus)
+        return _llm_config(tmp_path / "index", mini_corpus, server, *extra)
     return make
-
-
-@pytest.fixture
-def server():
-    with start_server(seed=3) as handle:
-        yield handle
 
 
 @pytest.fixture(autouse=True)
@@ -51,22 +59,61 @@ def api_key(monkeypatch):
     monkeypatch.setenv("GRAPHRAG_TEST_KEY", SECRET)
 
 
+@dataclass
+class BuiltIndex:
+    cfg: object
+    dry: dict
+    summary: object
+    stats: dict
+    nothing_changed: object
+    rerun: object
+    rerun_served: int
+    logs: str
+    printed: str
+
+
+@pytest.fixture(scope="module")
+def llm_index(spark, tmp_path_factory, mini_corpus):
+    """One LLM index for the module (the costly part): dry run, full run, warm rerun, with its logs
+    and printed output captured. Small communities and a small report budget, so that higher
+    levels substitute finished sub-reports."""
+    logs, printed = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(logs)
+    loggers = [logging.getLogger(name) for name in ("graphrag_spark", "openai", "httpx")]
+    levels = [logger.level for logger in loggers]
+    with pytest.MonkeyPatch.context() as patch, start_server(seed=3) as server:
+        patch.setenv("GRAPHRAG_TEST_KEY", SECRET)
+        for logger in loggers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.DEBUG)
+        try:
+            cfg = _llm_config(tmp_path_factory.mktemp("llm_index") / "index", mini_corpus, server,
+                              "communities.max_cluster_size=4", "reports.max_input_tokens=1000")
+            with contextlib.redirect_stdout(printed):
+                dry = estimate_extraction(spark, cfg)
+                assert _served(server) == 0, "a dry run calls nothing"
+                summary = run_index(spark, cfg)
+                stats = server.stats()
+                nothing_changed = run_index(spark, cfg).counts["nothing changed"]
+                rerun = run_index(spark, cfg, full=True)
+            rerun_served = _served(server)
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.removeHandler(handler)
+                logger.setLevel(level)
+    return BuiltIndex(cfg, dry, summary, stats, nothing_changed, rerun, rerun_served, logs.getvalue(), printed.getvalue())
+
+
 def _served(server) -> int:
     return server.stats()["served"]["chat"]
 
 
-def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_config, server, caplog, capsys):
-    for logger in ("graphrag_spark", "openai", "httpx"):
-        caplog.set_level(logging.DEBUG, logger=logger)
-    cfg = llm_config(server)
-    dry = estimate_extraction(spark, cfg)
-    assert _served(server) == 0, "a dry run calls nothing"
+def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index):
+    cfg, dry, summary, stats = llm_index.cfg, llm_index.dry, llm_index.summary, llm_index.stats
     assert dry["extraction calls (at most)"] == dry["chunks to extract"] * (1 + 2 * cfg.extraction.max_gleanings + 1)
-    summary = run_index(spark, cfg)
     store = T.TableStore(spark, cfg.storage)
     assert dry["chunks to extract"] == store.read(T.TEXT_UNITS).count()
     assert estimate_extraction(spark, cfg)["chunks to extract"] == 0
-    stats = server.stats()
     assert stats["served"]["chat"] > 0
     assert max(stats["served_hashes"].values()) == 1, "no call was repeated"
     assert summary.counts["entities"] > 10 and summary.counts["relationships"] > 5 and summary.counts["claims"] > 0
@@ -80,19 +127,24 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_confi
     assert extract.calls == extract.items * 2 + kinds["gleaning_continue"]
     assert sum(u.calls for u in summary.usage) == stats["served"]["chat"]
     assert extract.est_cost_usd > 0 and "LLM usage" in summary.render()
-    assert store.read(T.LLM_USAGE).where(F.col("stage") == "extract").count() == 1
-    summarized = store.read(T.ENTITIES).where(F.col("description").contains("\n")).count()
-    assert summarized == 0, "multi-description entities were summarized"
+    assert extract.latency_p50_s > 0 and extract.queue_p95_s >= 0
+    assert store.read(T.LLM_USAGE).where(F.col("stage") == "extract").count() == 2, "one row per run and stage"
+    # Exactly the entities with two or more distinct descriptions were summarized, each replaced.
+    described = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, 1, store.read(T.TEXT_UNITS))
+    several = described.where(F.size("descriptions") >= 2).select("title", F.col("description").alias("joined"))
+    assert usage["summarize_entities"].items == several.count() > 0
+    assert store.read(T.ENTITIES).join(several, "title").where(F.col("description") == F.col("joined")).count() == 0
+    assert kinds["summarize_descriptions"] == usage["summarize_entities"].calls + usage["summarize_relationships"].calls
 
-    served_before = _served(server)
-    assert run_index(spark, cfg).counts["nothing changed"], "a refresh of the same input skips every stage"
-    rerun = run_index(spark, cfg, full=True)
-    assert _served(server) == served_before, "a full rebuild makes zero calls for work already in Delta"
+    assert llm_index.nothing_changed, "a refresh of the same input skips every stage"
+    rerun = llm_index.rerun
+    assert llm_index.rerun_served == stats["served"]["chat"], "a full rebuild makes zero calls for work already in Delta"
     assert {u.stage: u.cache_hits for u in rerun.usage}["extract"] == extract.items
     assert rerun.counts["entities"] == summary.counts["entities"]
 
     # Secrets: not in logs, printed output, config dumps or any Delta table.
-    assert SECRET not in caplog.text and SECRET not in capsys.readouterr().out
+    assert llm_index.logs, "the debug logs were captured"
+    assert SECRET not in llm_index.logs and SECRET not in llm_index.printed
     assert SECRET not in cfg.model_dump_json()
     for name in (T.LLM_RESULTS, T.LLM_USAGE, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS, T.COMMUNITY_REPORTS):
         table = store.read(name)
@@ -100,68 +152,45 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_confi
         assert as_text.where(F.col("j").contains(SECRET)).count() == 0, name
 
 
-def test_a_crash_between_commits_repeats_at_most_the_batch_in_flight(spark, llm_config, server, monkeypatch):
-    cfg = llm_config(server, "extraction.summarize_descriptions=false", "reports.method=extractive")
-    appends = {"n": 0}
-    original = T.TableStore.write
-
-    def crashing_write(self, df, name, mode="overwrite"):
-        if name == T.LLM_RESULTS:
-            appends["n"] += 1
-            if appends["n"] == 3:  # the third batch's calls are paid, then the driver dies before committing
-                df.collect()
-                raise KeyboardInterrupt("simulated driver crash")
-        return original(self, df, name, mode)
-
-    monkeypatch.setattr(T.TableStore, "write", crashing_write)
-    with pytest.raises(KeyboardInterrupt):
-        run_index(spark, cfg)
-    monkeypatch.setattr(T.TableStore, "write", original)
-    store = T.TableStore(spark, cfg.storage)
-    committed = store.read(T.LLM_RESULTS).agg(F.sum("n_calls"), F.count("*")).collect()[0]
-    calls_before_crash = _served(server)
-    in_flight = calls_before_crash - committed[0]
-    assert committed[1] == 2 * cfg.llm.items_per_commit and in_flight > 0
-
-    server.reset()
-    run_index(spark, cfg)
-    # The crash hit the extraction stage; the claims stage (its own items) runs after it.
-    total = (store.read(T.LLM_RESULTS).where(F.col("stage").isin("extract", "extract_claims"))
-             .agg(F.sum("n_calls")).collect()[0][0])
-    assert _served(server) == total - committed[0], "the rerun paid only for work not committed before the crash"
-    assert _served(server) - (total - calls_before_crash) == in_flight
+@pytest.fixture(scope="module")
+def mini_units(spark, mini_corpus):
+    """The mini corpus's text units as the index cuts them (no LLM needed), for the extraction-only tests."""
+    with start_server() as server:
+        cfg = _llm_config("unused", mini_corpus, server)
+    documents, _, _ = build_documents(spark, cfg.input)
+    return build_text_units(documents, cfg.chunking).persist()
 
 
-def test_injected_faults_still_extract_every_chunk(spark, llm_config):
+def test_injected_faults_still_extract_every_chunk(spark, llm_config, mini_units):
+    units = mini_units
     with start_server(seed=5, error_rate=0.1, rate_429=0.05, timeout_rate=0.05, retry_after_s=0.2) as faulty:
-        cfg = llm_config(faulty, "extraction.summarize_descriptions=false", "reports.method=extractive",
-                         "llm.items_per_commit=50")
-        summary = run_index(spark, cfg)
+        cfg = llm_config(faulty, "extraction.claims=false")
+        store = T.TableStore(spark, cfg.storage)
+        entities, _, _, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        extracted = entities.select("text_unit_id").distinct().count()
         injected = faulty.stats()["injected"]
-    extract = {u.stage: u for u in summary.usage}["extract"]
+    extract = {u.stage: u for u in usages}["extract"]
     assert sum(injected[k] for k in ("500", "429", "timeout")) > 0
     assert extract.failures == 0 and extract.retries > 0
-    store = T.TableStore(spark, cfg.storage)
-    extracted = store.read(T.ENTITY_INSTANCES).select("text_unit_id").distinct().count()
-    assert extracted == store.read(T.TEXT_UNITS).count(), "every chunk extracted"
+    assert extracted == units.count(), "every chunk extracted"
 
 
-def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, llm_config):
+def test_failures_become_rows_and_fail_the_stage_above_the_threshold(spark, llm_config, mini_units):
+    units = mini_units
     with start_server(error_rate=1.0) as broken:
         cfg = llm_config(broken, "llm.chat.max_retries=1")
+        store = T.TableStore(spark, cfg.storage)
         with pytest.raises(StageFailed, match=r"items failed .*llm_results"):
-            run_index(spark, cfg)
-    failed = T.TableStore(spark, cfg.storage).read(T.LLM_RESULTS).collect()
+            extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+    failed = store.read(T.LLM_RESULTS).collect()
     assert failed and all(r.error and r.stage == "extract" and r.item_id and r.attempts >= 2 for r in failed)
     assert SECRET not in " ".join(r.error for r in failed)
 
 
-def test_higher_levels_substitute_finished_sub_reports_when_the_context_overflows(spark, llm_config, server):
+def test_higher_levels_substitute_finished_sub_reports_when_the_context_overflows(spark, llm_index):
     from graphrag_spark.index import reports
 
-    cfg = llm_config(server, "communities.max_cluster_size=4", "reports.max_input_tokens=1000",
-                     "extraction.summarize_descriptions=false")
-    summary = run_index(spark, cfg)
+    cfg, summary = llm_index.cfg, llm_index.summary
     substituted = summary.counts["contexts with substituted sub-reports"]
     assert sum(substituted.values()) > 0, substituted
     level = min(lv for lv, n in substituted.items() if n)
