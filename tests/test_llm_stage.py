@@ -77,7 +77,7 @@ def test_a_driver_crash_loses_at_most_the_calls_in_flight(spark, make_config, mo
     from graphrag_spark.llm import stage
 
     _echo = _echo_fn()
-    with start_server(seed=6, latency_s=0.2) as server:
+    with start_server(seed=6, latency_s=0.5) as server:
         cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
                           "llm.commit_interval_s=0.5", "llm.max_in_flight=4")
         store = T.TableStore(spark, cfg.storage)
@@ -85,7 +85,7 @@ def test_a_driver_crash_loses_at_most_the_calls_in_flight(spark, make_config, mo
 
         def crashing_commit(spark, store, rows):
             seen["rows"] += len(rows)
-            if seen["rows"] >= 8:  # calls have returned, some are in flight: the driver dies here
+            if seen["rows"] >= 4:  # calls have returned, some are in flight: the driver dies here
                 raise KeyboardInterrupt("simulated driver crash")
             return original(spark, store, rows)
 
