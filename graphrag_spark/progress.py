@@ -193,14 +193,21 @@ class ConsoleProgress:
     def stage(self, name: str) -> Iterator[None]:
         with self._lock:
             self._stage, self._stage_started, self._meter = name, time.perf_counter(), None
+        succeeded = False
         try:
             yield
+            succeeded = True
         finally:
             line = self._line()
             with self._lock:
                 self._stage, self._meter = None, None
-            if line is not None:
+            if line is not None and succeeded:
                 self._write(line.replace("]", "] done", 1), final=True)
+            elif self._tty and self._width:
+                # A failing stage leaves the console to its error sentence: erase the live line.
+                self._stream.write("\r" + " " * self._width + "\r")
+                self._stream.flush()
+                self._width = 0
 
     def track(self, meter: LlmMeter) -> None:
         with self._lock:

@@ -32,6 +32,19 @@ def test_without_an_open_progress_stages_print_nothing(capsys):
 
 
 @pytest.mark.spark
+def test_a_failing_stage_leaves_the_console_to_its_error_sentence(spark):
+    stream = io.StringIO()
+    console = progress.ConsoleProgress(spark, stream, "log", every_s=60)
+    with pytest.raises(ValueError):
+        with console.stage("documents"):
+            raise ValueError("no input")
+    with console.stage("text_units"):
+        pass
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[text_units] done")
+
+
+@pytest.mark.spark
 def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_config, monkeypatch):
     from graphrag_spark import tables as T
     from graphrag_spark.llm.server import start_server
