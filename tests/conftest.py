@@ -34,9 +34,22 @@ def shared_path(relative: str) -> Path:
 
 @pytest.fixture(scope="session")
 def spark():
+    from pyspark.sql import SparkSession
+
     from graphrag_spark.config import SparkConfig
     from graphrag_spark.session import build_spark
 
+    # A job's main() run in-process by an earlier test leaves its own session active, and getOrCreate
+    # would hand that one back. Its JVM was started without this session's JARs, so it goes too
+    # (the gateway JVM exits when its stdin closes) and build_spark starts a fresh one.
+    leftover = SparkSession.getActiveSession()
+    if leftover is not None:
+        from pyspark import SparkContext
+
+        leftover.stop()
+        SparkContext._gateway.proc.stdin.close()
+        SparkContext._gateway.shutdown()
+        SparkContext._gateway = SparkContext._jvm = None
     # No UI: eight test sessions may share a machine, and the UI's plan history costs driver heap.
     # The GraphFrames JAR is on the classpath so both graph backends can be compared in one session.
     # local[2,2]: a failed task is retried once, as on a cluster (tests kill Python workers mid-task).

@@ -72,7 +72,7 @@ class IndexLock:
             return
         free = self.store.spark.createDataFrame([Row(lock=LOCK_KEY, run_id=None, job=None, host=None, pid=None,
                                                      acquired_at=None, heartbeat_at=None)], T.SCHEMAS[T.INDEX_LOCK])
-        writer = free.write.format("delta").mode("errorifexists")
+        writer = free.write.format("delta").mode("error")  # Spark Connect knows only this spelling
         try:
             if self.store.storage.database:
                 writer.saveAsTable(self.store.location(T.INDEX_LOCK))
