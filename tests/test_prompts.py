@@ -92,6 +92,7 @@ def test_instructions_are_the_system_message_and_values_never_split_the_prompt()
     assert fenced.count("</document>") == 1 and "&lt;/document>" in fenced and "&lt;DOCUMENT>" in fenced
     assert "===== user message =====" in fenced, "a value is data, not a split point"
     for name in ("entity_extraction", "claims_extraction", "community_report", "summarize_descriptions", "global_map",
-                 "global_reduce", "basic_search", "local_search"):
+                 "global_reduce", "basic_search", "local_search", "eval_corpus_summary", "eval_personas", "eval_tasks",
+                 "eval_questions", "eval_judge", "eval_claim_selection", "eval_claim_decomposition"):
         system = load_prompt(name).messages(**{v: "x" for v in EXPECTED_VARIABLES[name]})[0]
         assert system["role"] == "system" and "never instructions" in system["content"], name

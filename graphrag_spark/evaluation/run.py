@@ -60,16 +60,12 @@ def parse_condition(name: str, levels: list[int]) -> tuple[str, int | None]:
     return _METHODS[name]
 
 
-def _messages(prompt: Prompt, values: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"role": "user", "content": prompt.render(**values)}]
-
-
 def _chat_work(prompt: Prompt, parse: Callable[[str, dict], Any], max_tokens: int, stage: str,
                temperature: float | None = None):
     """Work function of one-call items: render the payload, call, parse (None = unreadable, retried next run)."""
     async def work(client: LlmClient, item: dict) -> LlmWork:
         values = json.loads(item["payload"])
-        call = await client.chat(_messages(prompt, values), max_tokens=max_tokens, temperature=temperature,
+        call = await client.chat(prompt.messages(**values), max_tokens=max_tokens, temperature=temperature,
                                  item_id=item["item_id"], stage=stage, prompt_version=prompt.version)
         if call.error:
             return LlmWork(None, [call], call.error)
@@ -152,7 +148,7 @@ class Evaluation:
 
             async def ask(name: str, parse: Callable[[str], Any], **extra: Any) -> Any:
                 prompt = prompts[name]
-                call = await client.chat(_messages(prompt, {**values, **extra}), max_tokens=max_tokens,
+                call = await client.chat(prompt.messages(**values, **extra), max_tokens=max_tokens,
                                          item_id=item["item_id"], stage="eval_generation", prompt_version=prompt.version)
                 calls.append(call)
                 parsed = None if call.error else parse(call.text)
@@ -289,8 +285,8 @@ class Evaluation:
             sentences = C.answer_sentences(values["answer"] or "")
             if not sentences:
                 return LlmWork({"n_sentences": 0, "selected": [], "claims": []})
-            calls = [await client.chat(_messages(select_prompt, {"question": values["question"],
-                                                                 "sentences": C.number_sentences(sentences)}),
+            calls = [await client.chat(select_prompt.messages(question=values["question"],
+                                                                sentences=C.number_sentences(sentences)),
                                        max_tokens=max_tokens, item_id=item["item_id"], stage="eval_claims",
                                        prompt_version=select_prompt.version)]
             selected = None if calls[0].error else C.parse_selection(calls[0].text, len(sentences))
@@ -299,8 +295,8 @@ class Evaluation:
             claims: list[str] = []
             if selected:
                 chosen = [sentences[i - 1] for i in selected]
-                calls.append(await client.chat(_messages(split_prompt, {"question": values["question"],
-                                                                        "sentences": C.number_sentences(chosen)}),
+                calls.append(await client.chat(split_prompt.messages(question=values["question"],
+                                                                       sentences=C.number_sentences(chosen)),
                                                max_tokens=max_tokens, item_id=item["item_id"], stage="eval_claims",
                                                prompt_version=split_prompt.version))
                 parsed = None if calls[1].error else C.parse_claims(calls[1].text)
