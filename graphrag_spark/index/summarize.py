@@ -10,6 +10,7 @@ source order, within ``graph.max_description_tokens``), never a text split back 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -66,13 +67,21 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
         T.RELATIONSHIPS: graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), store.read(T.ENTITIES),
                                                    cfg.graph, text_units),
     }
-    usages = []
-    for table, keys, name_col, stage in (
-            (T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
-            (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships")):
+    stages = ((T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
+              (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships"))
+
+    def summarize(table, keys, name_col, stage) -> tuple[DataFrame, StageUsage]:
         summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
                                       (only or {}).get(table))
-        # Materialise before merging into the table the plan reads from.
-        store.update_columns(summaries.localCheckpoint(), table, ["description"])
+        # Materialised before merging into the table the plan reads from.
+        return summaries.localCheckpoint(), usage
+
+    # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
+    # so one's Spark work before and after its calls is not dead time for the rate limit.
+    with ThreadPoolExecutor(max_workers=len(stages), thread_name_prefix="summarize") as pool:
+        done = list(pool.map(lambda spec: summarize(*spec), stages))
+    usages = []
+    for (table, *_), (summaries, usage) in zip(stages, done):
+        store.update_columns(summaries, table, ["description"])
         usages.append(usage)
     return usages

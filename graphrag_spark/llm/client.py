@@ -303,6 +303,7 @@ class LlmClient:
                     async with asyncio.timeout(self.cfg.timeout_s):
                         response = await call()
                 service += time.monotonic() - sent
+                self._limiter.observe_latency(time.monotonic() - sent)
                 return response, dict(attempts=attempt, n_429=n_429, error=None, **timing())
             except (openai.OpenAIError, TimeoutError) as exc:  # API failures end as an error result, bugs still raise
                 if sent is not None:

@@ -6,9 +6,12 @@ the OS, a random token in every request) that the stage's tasks talk to:
 
 - ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
   task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
-- ``/acquire`` (estimated tokens, 429s seen, token corrections): the seconds to wait before
-  the call, from the one ``JobBudget``, and the task's window of items in flight: the job's
-  Little's-law target (limit x observed latency) divided by the tasks running.
+- ``/acquire`` (estimated tokens, 429s seen, token corrections, service latencies of the
+  task's last calls): the seconds to wait before the call, from the job's ``JobBudget``, and
+  the task's window of items in flight: the job's Little's-law target (limit x observed
+  latency) divided by the tasks running. The budget and the observed latency belong to the
+  model (``shared_budget``), not to the stage: stages that overlap share one budget, and a stage
+  that starts after another starts at the latency already observed, not at a guess.
 - ``/result`` (one item's ``llm_results`` row): appended to a journal file and buffered. The
   stage commits the buffer to Delta every ``llm.commit_interval_s``; a stage that starts finds
   an earlier crash's journal and commits what it holds first. A driver crash therefore loses at
@@ -29,7 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,38 @@ from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
 _LATENCY_SMOOTHING = 0.2
 _REQUEST_TIMEOUT_S = 60.0
+# Before any call of a model returned: a guess on the high side. Too large a window only queues
+# calls at the budget (which sets the rate); too small a one starves it until the first answer.
+_INITIAL_LATENCY_S = 5.0
+
+
+@dataclass
+class ModelBudget:
+    """One model's budget and observed latency in this driver, shared by every stage that calls it."""
+
+    budget: JobBudget
+    requests_per_minute: float
+    lock: threading.Lock
+    latency_s: float | None = None
+
+    def observe(self, latencies: list[float]) -> None:
+        for latency in latencies:
+            self.latency_s = latency if self.latency_s is None else (
+                (1 - _LATENCY_SMOOTHING) * self.latency_s + _LATENCY_SMOOTHING * latency)
+
+
+_BUDGETS: dict[tuple, ModelBudget] = {}
+_BUDGETS_LOCK = threading.Lock()
+
+
+def shared_budget(key: tuple, requests_per_minute: float, tokens_per_minute: float) -> ModelBudget:
+    """The driver's budget for ``key`` (endpoint, model) at these limits, created on first use."""
+    with _BUDGETS_LOCK:
+        full_key = (*key, requests_per_minute, tokens_per_minute)
+        if full_key not in _BUDGETS:
+            _BUDGETS[full_key] = ModelBudget(JobBudget(requests_per_minute, tokens_per_minute), requests_per_minute,
+                                             threading.Lock())
+        return _BUDGETS[full_key]
 
 
 @dataclass
@@ -54,6 +89,8 @@ class UsageFigures:
     latency_p95_s: float = 0.0
     queue_p50_s: float = 0.0
     queue_p95_s: float = 0.0
+    failed_items: int = 0
+    first_errors: list[str] = field(default_factory=list)
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
@@ -73,6 +110,10 @@ def usage_of(rows: list[dict]) -> UsageFigures:
         figures.n_429 += row["n_429"]
         figures.prompt_tokens += row["prompt_tokens"]
         figures.completion_tokens += row["completion_tokens"]
+        if row["error"] is not None:
+            figures.failed_items += 1
+            if len(figures.first_errors) < 3:
+                figures.first_errors.append(row["error"])
         latencies += row["call_latencies"] or []
         waits += row["queue_waits"] or []
     figures.latency_p50_s, figures.latency_p95_s = _percentiles(latencies)
@@ -94,18 +135,17 @@ def read_journal(path: Path) -> list[dict]:
 
 
 class Coordinator:
-    def __init__(self, host: str, requests_per_minute: float, tokens_per_minute: float, max_in_flight: int,
-                 journal: Path) -> None:
+    def __init__(self, host: str, model: ModelBudget, max_in_flight: int, journal: Path, tasks: int = 1) -> None:
         self.token = secrets.token_hex(16)
-        self._budget = JobBudget(requests_per_minute, tokens_per_minute)
-        self._rpm = requests_per_minute
+        self._model = model
         self._max_in_flight = max_in_flight
+        self._tasks = tasks  # the tasks expected to run at once: a task that starts first must not take every slot
         self._lock = threading.Lock()
         self._done: set[str] = set()
         self._buffer: list[dict] = []
         self._rows: list[dict] = []
         self._active_tasks = 0
-        self._latency_s: float | None = None
+        self._finished_tasks = 0
         self.on_result = None  # a callable(row) the stage may set (progress)
         journal.parent.mkdir(parents=True, exist_ok=True)
         self.journal = journal
@@ -124,9 +164,11 @@ class Coordinator:
     # -- what tasks call -------------------------------------------------------------------
     def window(self) -> int:
         """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
-        latency = self._latency_s if self._latency_s is not None else 1.0
-        total = in_flight_target(self._rpm * self._budget.factor(), latency, self._max_in_flight)
-        return max(1, math.ceil(total / max(1, self._active_tasks)))
+        model = self._model
+        latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
+        total = in_flight_target(model.requests_per_minute * model.budget.factor(), latency, self._max_in_flight)
+        sharing = max(self._active_tasks, self._tasks - self._finished_tasks)
+        return max(1, total // max(1, sharing))
 
     def start(self, keys: list[str]) -> dict:
         with self._lock:
@@ -136,14 +178,19 @@ class Coordinator:
     def finish(self) -> dict:
         with self._lock:
             self._active_tasks = max(0, self._active_tasks - 1)
+            self._finished_tasks += 1
         return {}
 
-    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None]) -> dict:
-        with self._lock:
-            self._budget.settle(settle)
+    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None], latencies: list[float]) -> dict:
+        model = self._model
+        with model.lock:
+            model.observe(latencies)
+            model.budget.settle(settle)
             for retry_after in rate_limited:
-                self._budget.on_rate_limited(retry_after)
-            return {"wait": self._budget.reserve(tokens), "window": self.window()}
+                model.budget.on_rate_limited(retry_after)
+            wait = model.budget.reserve(tokens)
+        with self._lock:
+            return {"wait": wait, "window": self.window()}
 
     def result(self, row: dict) -> dict:
         line = json.dumps(row, ensure_ascii=False)
@@ -155,9 +202,6 @@ class Coordinator:
             self._done.add(row["item_key"])
             self._buffer.append(row)
             self._rows.append(row)
-            for latency in row["call_latencies"] or []:
-                self._latency_s = latency if self._latency_s is None else (
-                    (1 - _LATENCY_SMOOTHING) * self._latency_s + _LATENCY_SMOOTHING * latency)
         if self.on_result is not None:
             self.on_result(row)
         return {}
@@ -180,7 +224,8 @@ class Coordinator:
     def _handler(self):
         coordinator = self
         routes = {"start": lambda b: coordinator.start(b["keys"]), "finish": lambda b: coordinator.finish(),
-                  "acquire": lambda b: coordinator.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", [])),
+                  "acquire": lambda b: coordinator.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
+                                                       b.get("latencies", [])),
                   "result": lambda b: coordinator.result(b["row"])}
 
         class Handler(BaseHTTPRequestHandler):
@@ -226,6 +271,7 @@ class RemoteBudget:
         self.window = window
         self._settle = 0
         self._rate_limited: list[float | None] = []
+        self._latencies: list[float] = []
 
     async def post(self, route: str, body: dict) -> dict:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
@@ -233,7 +279,9 @@ class RemoteBudget:
     async def acquire(self, tokens: int) -> None:
         settle, self._settle = self._settle, 0
         rate_limited, self._rate_limited = self._rate_limited, []
-        answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited})
+        latencies, self._latencies = self._latencies, []
+        answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited,
+                                             "latencies": latencies})
         self.window = answer["window"]
         if answer["wait"] > 0:
             await asyncio.sleep(answer["wait"])
@@ -243,6 +291,9 @@ class RemoteBudget:
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         self._rate_limited.append(retry_after_s)
+
+    def observe_latency(self, latency_s: float) -> None:
+        self._latencies.append(latency_s)
 
 
 def journal_dir(root: str | None) -> Path:

@@ -49,7 +49,7 @@ from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import CallResult, LlmClient, run_items
 from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
-                                            rows_frame, usage_of, wait_for)
+                                            rows_frame, shared_budget, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.progress import llm_meter
 
@@ -182,8 +182,9 @@ def _driver_host(spark: SparkSession) -> str:
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
                      pending: DataFrame, n_tasks: int, safe_fn, row_of, tally, meter, journal: Path) -> UsageFigures:
-    coordinator = Coordinator(_driver_host(spark), model.requests_per_minute, model.tokens_per_minute,
-                              llm.max_in_flight, journal)
+    budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
+    coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
+                              tasks=min(n_tasks, default_parallelism(spark)))
     coordinator.on_result = lambda row: meter.committed(1)
     url = coordinator.url
 
@@ -249,10 +250,14 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     journal = journal_dir(None if store.storage.database else store.storage.root) / f"{stage}.jsonl"
     _recover(spark, store, journal)
     done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
-    unique_items = keyed.dropDuplicates(["item_key"])
-    n_items = unique_items.count()
-    pending = unique_items.join(done, "item_key", "left_anti")
-    n_pending = pending.count()
+    # One job counts the stage's items and its cache hits; the pending items are then read from
+    # memory by the stage's job instead of being derived again (items, llm_results scan, anti-join).
+    status = (keyed.dropDuplicates(["item_key"])
+              .join(done.dropDuplicates(["item_key"]).withColumn("_cached", F.lit(True)), "item_key", "left")
+              .persist())
+    counts = status.agg(F.count("*").alias("items"), F.count("_cached").alias("cached")).collect()[0]
+    n_items, n_pending = counts["items"], counts["items"] - counts["cached"]
+    pending = status.where(F.col("_cached").isNull()).drop("_cached")
     if n_pending:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
     safe_fn = _safe(work_fn)
@@ -280,11 +285,14 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
               .groupBy("item_key").agg(F.max_by("error", "created_at").alias("error")).withColumn("result", F.lit(None).cast("string")))
     outcome = keyed.select("item_id", "item_key").join(succeeded.unionByName(failed), "item_key", "left")
     keyed.unpersist()
-    n_failed = outcome.where(F.col("result").isNull()).count()
+    status.unpersist()
+    # Every cache hit succeeded before and every pending item returned a row in this run, so the
+    # failed items are this run's error rows (no scan of llm_results).
+    n_failed = figures.failed_items
     usage.failures = n_failed
     store.write(spark.createDataFrame([{"run_id": run_id, **usage.__dict__}], T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append")
     if n_items and n_failed / n_items > llm.max_failed_share:
-        examples = [r.error for r in outcome.where(F.col("error").isNotNull()).select("error").limit(3).collect()]
+        examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "
                           f"(above llm.max_failed_share={llm.max_failed_share}); their errors are in the "
                           f"'{T.LLM_RESULTS}' table and a rerun retries only them. First errors: {examples}")

@@ -103,6 +103,9 @@ class RateLimiter:
         """Charge the difference between the estimate paid in ``acquire`` and the tokens really used."""
         self._tokens -= actual - estimated
 
+    def observe_latency(self, latency_s: float) -> None:
+        """A call's service time: nothing to do here (a task-local limiter does not size concurrency)."""
+
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         """A 429: pause everyone until ``Retry-After`` and halve the rate (once per burst of 429s)."""
         now = self._clock()
