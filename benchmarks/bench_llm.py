@@ -7,6 +7,16 @@ the server) and over the whole stage (including Spark scheduling and Delta commi
 share of the limit; wall time against the theoretical minimum (calls / limit); calls per chunk;
 and the 429s received. The server enforces
 the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows up as 429s.
+
+    python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
+        --chunk-size 1200 --rpm 120 --latency 10
+
+``--index`` runs the whole index instead (LLM extraction with gleanings, claims, summaries, LLM
+reports, endpoint embeddings; each endpoint limited by the server at ``--rpm``, the job
+configured to it) and prints the share of the limit sustained inside the LLM stages (their calls
+over their wall time) and end to end (all calls over the job's wall time, Spark start-up
+included), the wall time of the non-LLM stages, and the dead time: the spans in which no call was
+in flight, each named by the stage that was running.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import argparse
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -24,6 +35,7 @@ from graphrag_spark.config import load_config  # noqa: E402
 from graphrag_spark.index.chunks import build_text_units  # noqa: E402
 from graphrag_spark.index.documents import build_documents  # noqa: E402
 from graphrag_spark.index.extraction import extract_llm_instances  # noqa: E402
+from graphrag_spark.index.pipeline import RunSummary, run_index  # noqa: E402
 from graphrag_spark.llm.server import start_server  # noqa: E402
 from graphrag_spark.llm.stage import new_run_id  # noqa: E402
 from graphrag_spark.session import build_spark  # noqa: E402
@@ -70,6 +82,117 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             "goal_95pct_inside_stage": sustained_rpm / rpm >= 0.95, "goal_429s_le_1pct": stats["rate_limited"] <= 0.01 * calls}
 
 
+def _busy_spans(served: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of the calls' (sent, answered) intervals, as sorted disjoint spans."""
+    spans: list[tuple[float, float]] = []
+    for start, end in sorted(served):
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def dead_time(calls: list[tuple[float, float]], begin: float, end: float, stages: list[tuple[str, float, float]],
+              min_gap_s: float) -> tuple[float, dict[str, float]]:
+    """Seconds in [begin, end] with no call in flight, total and per stage (gaps >= ``min_gap_s`` only
+    are attributed; shorter ones are counted in the total). Offsets are from ``begin``."""
+    idle, by_stage, cursor = 0.0, {}, begin
+    for start, stop in _busy_spans(calls) + [(end, end)]:
+        gap = min(start, end) - cursor
+        if gap > 0:
+            idle += gap
+            if gap >= min_gap_s:
+                # Split the gap over the stages it overlaps; the rest is between stages (lock, run records).
+                left = gap
+                for name, s0, s1 in stages + [("start-up", -1e9, stages[0][1] if stages else 0.0)]:
+                    part = min(s1, min(start, end) - begin) - max(s0, cursor - begin)
+                    if part > 0:
+                        by_stage[name] = round(by_stage.get(name, 0.0) + part, 1)
+                        left -= part
+                if left > 0.05:
+                    by_stage["between stages"] = round(by_stage.get("between stages", 0.0) + left, 1)
+        cursor = max(cursor, stop)
+    return idle, by_stage
+
+
+def _run_recording_stages(spark, cfg, stages: list, begin: float):
+    """``run_index``, appending (stage, start, end) offsets from ``begin`` of every top-level stage to ``stages``."""
+    original = RunSummary.stage
+
+    @contextmanager
+    def recorded(self, name):
+        started = time.monotonic()
+        with original(self, name):
+            yield
+        stages.append((name, started - begin, time.monotonic() - begin))
+
+    RunSummary.stage = recorded
+    try:
+        return run_index(spark, cfg)
+    finally:
+        RunSummary.stage = original
+
+
+def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int) -> dict:
+    """The whole index against a rate-limited server; shares of the limit inside LLM stages and end to end."""
+    root = tempfile.mkdtemp(prefix="bench_llm_index_")
+    with start_server(latency_s=latency, requests_per_minute=rpm, limit_per_endpoint=True, seed=1) as server:
+        overrides = [
+            f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", f"chunking.size={chunk_size}",
+            f"chunking.overlap={min(100, chunk_size // 6)}", f"extraction.max_gleanings={gleanings}",
+            "reports.method=llm", "embeddings.provider=openai",
+            f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
+            f"llm.embedding.api_base={server.base_url}", f"llm.embedding.requests_per_minute={rpm}",
+            "llm.chat.tokens_per_minute=100000000", "llm.embedding.tokens_per_minute=100000000",
+            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"]
+        os.environ.setdefault("OPENAI_API_KEY", "bench-local")
+        cfg = load_config(REPO / "conf" / "local.yaml", overrides)
+        begin = time.monotonic()
+        spark = build_spark(cfg.spark)
+        session_s = time.monotonic() - begin
+        stages: list[tuple[str, float, float]] = []
+        summary = _run_recording_stages(spark, cfg, stages, begin)
+        end = time.monotonic()
+        calls, chat_calls = server.served_intervals(), server.served_intervals("chat")
+        stats = server.stats()
+        warm_begin = time.monotonic()
+        warm = run_index(spark, cfg)
+        warm_s = time.monotonic() - warm_begin
+        warm_calls = server.stats()["served"]
+    idle, idle_by_stage = dead_time(calls, begin, end, stages, min_gap_s=max(1.0, latency / 2))
+    chat, embeddings = stats["served"]["chat"], stats["served"]["embeddings"]
+    llm_stages = {"extraction", "summarize_descriptions", "community_reports", "embeddings"}
+    chat_stages = llm_stages - {"embeddings"}  # the chat model's limit is the one to fill
+    non_llm_s = sum(s for name, s in summary.seconds.items() if name not in llm_stages)
+    # Inside the LLM stages: from each stage's first call sent to its last answer (what the rate limit
+    # can see), and over the stages' whole wall time (their Spark work before and after the calls too).
+    calling_s, stage_wall_s, stage_calls = 0.0, 0.0, 0
+    for name, s0, s1 in stages:
+        inside = [(a, b) for a, b in chat_calls if s0 <= a - begin < s1]
+        if name in chat_stages and inside:
+            calling_s += max(b for _, b in inside) - min(a for a, _ in inside)
+            stage_wall_s += s1 - s0
+            stage_calls += len(inside)
+    wall = end - begin
+    return {
+        "latency_s": latency, "limit_rpm": rpm, "chat_calls": chat, "embedding_calls": embeddings,
+        "wall_s": round(wall, 1), "session_start_s": round(session_s, 1),
+        "theoretical_min_s": round(chat / rpm * 60, 1),
+        "share_while_calling": round(stage_calls / calling_s * 60 / rpm, 3) if calling_s else 0.0,
+        "share_over_llm_stage_wall": round(stage_calls / stage_wall_s * 60 / rpm, 3) if stage_wall_s else 0.0,
+        "share_end_to_end": round(chat / wall * 60 / rpm, 3),
+        "server_429s": stats["rate_limited"], "dead_time_s": round(idle, 1), "dead_time_by_stage": idle_by_stage,
+        "non_llm_stages_s": round(non_llm_s, 1),
+        "stage_s": summary.seconds,
+        "llm_stages": {u.stage: f"{u.calls} calls {u.wall_s}s {round(u.calls / u.wall_s * 60) if u.wall_s else 0}rpm"
+                       for u in summary.usage},
+        "warm_rerun_s": round(warm_s, 1),
+        "warm_rerun_paid_calls": warm_calls["chat"] + warm_calls["embeddings"] - chat - embeddings,
+        "warm_rerun_mode": warm.mode,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--corpus", action="append", required=True, help="file or folder; repeat for several sizes")
@@ -78,8 +201,13 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
     parser.add_argument("--max-chunks", type=int, default=None)
+    parser.add_argument("--index", action="store_true", help="run the whole index (see the module's docstring)")
     args = parser.parse_args()
     for corpus in args.corpus:
+        if args.index:
+            result = run_index_bench(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings)
+            print(f"{corpus} (whole index): " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+            continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks)
         print(f"{corpus}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 

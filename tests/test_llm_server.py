@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from graphrag_spark.index.extract_llm import ExtractionPrompts, parse_claims, parse_extraction
-from graphrag_spark.llm.server import MARKERS, classify, embed_text, start_server
+from graphrag_spark.llm.server import MARKERS, answer, classify, embed_text, start_server
 from graphrag_spark.prompts import DEFAULT_PROMPT_DIR, load_prompt
 
 NEOCHIP_TEXT = (
@@ -327,3 +327,49 @@ def test_command_line_prints_its_url_and_serves():
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# microsoft/graphrag's prompts, as its indexer sends them (only the parts the server reads), so the
+# side-by-side benchmark can run it against this server.
+GRAPHRAG_EXTRACTION = (
+    "-Goal-\nGiven a text document that is potentially relevant to this activity and a list of entity types, "
+    "identify all entities of those types from the text and all relationships among the identified entities.\n"
+    "######################\n-Real Data-\n######################\nEntity_types: organization,person\n"
+    f"Text: {NEOCHIP_TEXT}\n######################\nOutput:"
+)
+GRAPHRAG_CONTINUE = ("MANY entities and relationships were missed in the last extraction. Remember to ONLY emit "
+                     "entities that match any of the previously extracted types. Add them below using the same format:\n")
+GRAPHRAG_LOOP = ("It appears some entities and relationships may have still been missed. Answer Y if there are still "
+                 "entities or relationships that need to be added, or N if there are none. Please answer with a "
+                 "single letter Y or N.\n")
+
+
+def test_graphrag_extraction_and_its_gleaning_are_answered_in_its_format(server):
+    history = [{"role": "user", "content": GRAPHRAG_EXTRACTION}]
+    first = ask(server, history)
+    history += [{"role": "assistant", "content": first}, {"role": "user", "content": GRAPHRAG_CONTINUE}]
+    more = ask(server, history)
+    loop = ask(server, history + [{"role": "assistant", "content": more}, {"role": "user", "content": GRAPHRAG_LOOP}])
+    parsed, gleaned = parse_extraction(first), parse_extraction(more)
+    names = {e["name"] for e in parsed.entities} | {e["name"] for e in gleaned.entities}
+    assert {"NEOCHIP", "QUANTUM SYSTEMS"} <= names and gleaned.entities and loop == "N"
+    assert {e["type"] for e in parsed.entities} <= {"ORGANIZATION", "PERSON"}
+
+
+def test_graphrag_summary_and_report_prompts_are_answered():
+    summary_prompt = ("You are a helpful assistant responsible for generating a comprehensive summary of the data "
+                      "provided below.\nLimit the final description length to 12 words.\n\n#######\n-Data-\n"
+                      'Entities: "NEOCHIP"\nDescription List: ["NeoChip makes processors.", "NeoChip was acquired '
+                      'by Quantum Systems in 2016."]\n#######\nOutput:\n')
+    kind, text = answer([{"role": "user", "content": summary_prompt}])
+    assert kind == "summarize_descriptions" and text.startswith("NeoChip makes processors.")
+    report_prompt = ("# Goal\nWrite a comprehensive report of a community, given a list of entities.\n"
+                     "# Real Data\n\nUse the following text for your answer.\n\nText:\n-----Entities-----\n"
+                     "human_readable_id,title,description,degree\n1,NEOCHIP,A chipmaker,2\n2,QUANTUM SYSTEMS,A buyer,1\n"
+                     "-----Relationships-----\nhuman_readable_id,source,target,description,combined_degree\n"
+                     "7,NEOCHIP,QUANTUM SYSTEMS,Quantum Systems acquired NeoChip,3\n\n"
+                     "The report should include the following sections:\n")
+    kind, text = answer([{"role": "user", "content": report_prompt}])
+    report = json.loads(text)
+    assert kind == "community_report" and report["title"] == "NEOCHIP and QUANTUM SYSTEMS"
+    assert "Relationships (7)" in json.dumps(report["findings"])

@@ -85,6 +85,17 @@ MARKERS: dict[str, str] = {
     "eval_claim_decomposition": "Rewrite the sentences below as simple, standalone factual claims",
 }
 
+# The same kinds as microsoft/graphrag words them (its default prompts), so that its indexer can run
+# against this server in the side-by-side benchmark (benchmarks/bench_vs_graphrag.py). Checked
+# after MARKERS; its answers use the same tuple format and delimiters as ours.
+GRAPHRAG_MARKERS: dict[str, str] = {
+    "gleaning_loop_check": "Please answer with a single letter Y or N",
+    "gleaning_continue": "MANY entities and relationships were missed in the last extraction",
+    "entity_extraction": "identify all entities of those types from the text and all relationships",
+    "summarize_descriptions": "generating a comprehensive summary of the data provided below",
+    "community_report": "Write a comprehensive report of a community",
+}
+
 EMBEDDING_DIM = 384
 _SUMMARY_WORDS = 120
 _MAX_PAIRS_PER_SENTENCE = 6
@@ -108,9 +119,10 @@ def classify(messages: list[dict]) -> str:
     """The prompt kind of a conversation, by the markers of ``prompts/`` (see module docstring)."""
     for message in reversed(messages):
         content = _content(message)
-        for kind, marker in MARKERS.items():
-            if marker in content:
-                return kind
+        for markers in (MARKERS, GRAPHRAG_MARKERS):
+            for kind, marker in markers.items():
+                if marker in content:
+                    return kind
     return "unknown"
 
 
@@ -186,12 +198,12 @@ def parse_tables(text: str) -> dict[str, list[dict[str, str]]]:
 
 
 def _row_id(row: dict[str, str], index: int) -> str:
-    return row.get("id") or row.get("short_id") or str(index)
+    return row.get("id") or row.get("short_id") or row.get("human_readable_id") or str(index)
 
 
 def _row_text(row: dict[str, str]) -> str:
     """A row's text columns as sentences (a title becomes its own sentence)."""
-    values = [v for k, v in row.items() if k not in ("id", "short_id", "combined_degree", "rank") and v]
+    values = [v for k, v in row.items() if k not in ("id", "short_id", "human_readable_id", "combined_degree", "rank") and v]
     return " ".join(v if v[-1] in ".!?" else f"{v}." for v in values)
 
 
@@ -269,14 +281,22 @@ def _with_system(messages: list[dict], index: int) -> str:
 
 def _conversation_graph(messages: list[dict]) -> tuple[_Graph, int]:
     """The extraction graph of the chunk in this conversation, and how many gleanings were already asked for."""
-    at = next((i for i, m in enumerate(messages) if MARKERS["entity_extraction"] in _content(m)), None)
+    markers = (MARKERS["entity_extraction"], GRAPHRAG_MARKERS["entity_extraction"])
+    at = next((i for i, m in enumerate(messages) if any(k in _content(m) for k in markers)), None)
     if at is not None and messages[at].get("role") == "system" and at + 1 < len(messages):
         at += 1  # the instructions are the system message; the chunk is in the user message after it
     first = _with_system(messages, at) if at is not None else ""
-    real = first[first.rfind("-Real data-") :]
-    types = _between(real, "Entity types:", "\n").split(",")
-    graph = _extract_graph(_document(real), types)
-    gleanings = sum(1 for m in messages if m.get("role") == "user" and MARKERS["gleaning_continue"] in _content(m))
+    if GRAPHRAG_MARKERS["entity_extraction"] in first:  # graphrag: "Entity_types: ..." then "Text: <chunk>" then "Output:"
+        real = first[first.rfind("-Real Data-") :]
+        types = _between(real, "Entity_types:", "\n").split(",")
+        text = _between(real, "Text:", "\n######################\nOutput:")
+    else:
+        real = first[first.rfind("-Real data-") :]
+        types = _between(real, "Entity types:", "\n").split(",")
+        text = _document(real)
+    graph = _extract_graph(text, types)
+    continues = (MARKERS["gleaning_continue"], GRAPHRAG_MARKERS["gleaning_continue"])
+    gleanings = sum(1 for m in messages if m.get("role") == "user" and any(k in _content(m) for k in continues))
     return graph, gleanings
 
 
@@ -293,6 +313,15 @@ def _claims(prompt: str) -> str:
 
 
 def _summarize_descriptions(prompt: str) -> str:
+    if GRAPHRAG_MARKERS["summarize_descriptions"] in prompt:  # graphrag: a JSON list of descriptions
+        limit = re.search(r"length to (\d+) words", prompt)
+        listed = _between(prompt, "Description List:", "\n#######")
+        try:
+            descriptions = [str(d) for d in json.loads(listed)]
+        except json.JSONDecodeError:
+            descriptions = [listed]
+        sentences = dict.fromkeys(s for d in descriptions for s in _sentences(d))
+        return _summary(" ".join(sentences), int(limit.group(1)) if limit else _SUMMARY_WORDS)
     max_words = int(re.search(r"at most (\d+) words", prompt).group(1)) if "at most" in prompt else _SUMMARY_WORDS
     lines = _between(prompt, "Descriptions:\n", "\n-End of data-").splitlines()
     sentences = dict.fromkeys(s for line in lines for s in _sentences(line.lstrip("- ")))
@@ -300,7 +329,13 @@ def _summarize_descriptions(prompt: str) -> str:
 
 
 def _community_report(prompt: str) -> str:
-    tables = parse_tables(_between(prompt, "-Real data-\n", "\n-End of data-"))
+    if GRAPHRAG_MARKERS["community_report"] in prompt:  # graphrag: its tables after the last "Text:"
+        data = _between(prompt[prompt.rfind("# Real Data"):], "Text:\n", "\nThe report should include")
+        tables = {name.capitalize(): rows for name, rows in parse_tables(data).items()}
+        for row in tables.get("Entities", []):
+            row.setdefault("entity", row.get("title", ""))
+    else:
+        tables = parse_tables(_between(prompt, "-Real data-\n", "\n-End of data-"))
     entities, relationships = tables.get("Entities", []), tables.get("Relationships", [])
     claims, reports = tables.get("Claims", []), tables.get("Reports", [])
     entity_ids = {row.get("entity", ""): _row_id(row, i) for i, row in enumerate(entities)}
@@ -611,6 +646,7 @@ class Knobs:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     window_s: float = 60.0
+    limit_per_endpoint: bool = False  # like a provider's per-model limits: chat and embeddings each get the limits
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     timeout_mode: str = "drop"
@@ -638,8 +674,9 @@ class _State:
             self.by_kind: Counter = Counter()
             self.request_hashes: Counter = Counter()
             self.served_hashes: Counter = Counter()
-            self.window: deque[tuple[float, int]] = deque()
+            self.windows: dict[str, deque[tuple[float, int]]] = {}
             self.served_times: list[float] = []
+            self.served_intervals: list[tuple[str, float, float]] = []  # (endpoint, admitted, answered) per served call
 
     def draw(self, *parts: object) -> float:
         digest = hashlib.sha256("\x1f".join(map(str, (self.knobs.seed, *parts))).encode()).hexdigest()
@@ -655,30 +692,34 @@ class _State:
         with self.lock:
             self.counters[name] += 1
 
-    def admit(self, tokens: int) -> float | None:
-        """Charge a request to the sliding window; None if it fits, else seconds until it would."""
+    def admit(self, endpoint: str, tokens: int) -> float | None:
+        """Charge a request to the sliding window (the endpoint's own with ``limit_per_endpoint``); None if it
+        fits, else seconds until it would."""
         k = self.knobs
         max_requests = k.requests_per_minute * k.window_s / 60 if k.requests_per_minute else math.inf
         max_tokens = k.tokens_per_minute * k.window_s / 60 if k.tokens_per_minute else math.inf
         with self.lock:
+            window = self.windows.setdefault(endpoint if k.limit_per_endpoint else "all", deque())
             now = time.monotonic()
-            while self.window and self.window[0][0] <= now - k.window_s:
-                self.window.popleft()
-            used = sum(t for _, t in self.window)
-            if self.window and (len(self.window) + 1 > max_requests or used + tokens > max_tokens):
-                excess_requests = len(self.window) + 1 - max_requests
+            while window and window[0][0] <= now - k.window_s:
+                window.popleft()
+            used = sum(t for _, t in window)
+            if window and (len(window) + 1 > max_requests or used + tokens > max_tokens):
+                excess_requests = len(window) + 1 - max_requests
                 excess_tokens = used + tokens - max_tokens
-                for at, spent in self.window:
+                for at, spent in window:
                     excess_requests -= 1
                     excess_tokens -= spent
                     if excess_requests <= 0 and excess_tokens <= 0:
                         return max(0.001, at + k.window_s - now)
                 return k.window_s
-            self.window.append((now, tokens))
+            window.append((now, tokens))
             return None
 
-    def served(self, endpoint: str, kind: str, request_hash: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def served(self, endpoint: str, kind: str, request_hash: str, prompt_tokens: int, completion_tokens: int,
+               admitted_at: float) -> None:
         with self.lock:
+            self.served_intervals.append((endpoint, admitted_at, time.monotonic()))
             self.counters[f"served.{endpoint}"] += 1
             self.counters["prompt_tokens"] += prompt_tokens
             self.counters["completion_tokens"] += completion_tokens
@@ -810,7 +851,8 @@ class _Handler(BaseHTTPRequestHandler):
             kind, payload, prompt_tokens, completion_tokens = self._chat(body, request_hash, seen)
         else:
             kind, payload, prompt_tokens, completion_tokens = self._embeddings(body)
-        wait = state.admit(prompt_tokens + completion_tokens)
+        wait = state.admit(endpoint, prompt_tokens + completion_tokens)
+        admitted_at = time.monotonic()
         if wait is not None:
             state.count("rate_limited")
             self._send_429(wait, "Rate limit reached for requests or tokens per minute.")
@@ -818,7 +860,7 @@ class _Handler(BaseHTTPRequestHandler):
         latency = knobs.latency_s + knobs.latency_jitter_s * (2 * state.draw("latency", request_hash, seen) - 1)
         if latency > 0:
             state.stopping.wait(latency)
-        state.served(endpoint, kind, request_hash, prompt_tokens, completion_tokens)
+        state.served(endpoint, kind, request_hash, prompt_tokens, completion_tokens, admitted_at)
         self._send_json(200, payload)
 
     def _chat(self, body: dict, request_hash: str, seen: int) -> tuple[str, dict, int, int]:
@@ -904,6 +946,12 @@ class ServerHandle:
 
     def reset(self) -> None:
         self.server.state.reset()
+
+    def served_intervals(self, endpoint: str | None = None) -> list[tuple[float, float]]:
+        """(admitted, answered) ``time.monotonic()`` of every served call (of ``endpoint``: chat or embeddings)
+        since the last reset (in-process use)."""
+        with self.server.state.lock:
+            return [(a, b) for e, a, b in self.server.state.served_intervals if endpoint in (None, e)]
 
     def stop(self) -> None:
         self.server.state.stopping.set()
