@@ -99,7 +99,9 @@ def main() -> None:
             summary = run_index(spark, cfg)
             wall = time.perf_counter() - started
             after = server.stats()
-            calls = {u.stage: u.calls for u in summary.usage}
+            calls = {}
+            for usage in summary.usage:  # community_reports has one usage per level
+                calls[usage.stage] = calls.get(usage.stage, 0) + usage.calls
             chat = after["served"]["chat"] - before["served"]["chat"]
             embeddings = after["served"]["embeddings"] - before["served"]["embeddings"]
             diff = {k: summary.counts.get(f"documents {k}", "-") for k in ("new", "changed", "deleted", "unchanged")}

@@ -105,3 +105,41 @@ def test_community_ids_depend_on_member_keys_not_node_numbers():
     a = build_hierarchy(raw, 4, node_keys={1: "x", 2: "y", 3: "z"}).communities
     b = build_hierarchy(renumbered, 4, node_keys={11: "x", 12: "y", 13: "z"}).communities
     assert sorted(a["id"]) == sorted(b["id"])
+
+
+def _clusters(levels: dict[int, list[set[int]]]) -> pd.DataFrame:
+    """(node, level, cluster) from the communities of each level."""
+    rows = [(n, level, c) for level, groups in levels.items() for c, group in enumerate(groups) for n in sorted(group)]
+    return pd.DataFrame(rows, columns=["node", "level", "cluster"]).astype({"node": "int64", "level": "int32"})
+
+
+def _groups(projected: pd.DataFrame, level: int) -> list[set[int]]:
+    at = projected[projected["level"] == level]
+    return sorted((set(g) for g in at.groupby("cluster")["node"].apply(list)), key=min)
+
+
+def test_a_touched_community_keeps_its_untouched_sub_communities_where_they_still_nest():
+    # Last run: {1..6} split into {1,2,3} and {4,5,6}; {10..15} split into {10,11,12} and {13,14,15}.
+    previous = _clusters({0: [{1, 2, 3, 4, 5, 6}, {10, 11, 12, 13, 14, 15}],
+                          1: [{1, 2, 3}, {4, 5, 6}, {10, 11, 12}, {13, 14, 15}]}).rename(columns={"cluster": "community"})
+    # A new edge at 6 and at 15: both top communities are touched. Leiden now cuts {1..6} as
+    # {1,2} {3,4,5,6}, and splits {10..15} at the top so that {10,11,12} no longer lies in one community.
+    now = _clusters({0: [{1, 2, 3, 4, 5, 6}, {10, 11}, {12, 13, 14, 15}],
+                     1: [{1, 2}, {3, 4, 5, 6}, {10, 11}, {12, 13}, {14, 15}]})
+    kept = keep_untouched(now, previous, touched={6, 15})
+    assert _groups(kept, 0) == _groups(now, 0), "touched top communities are this run's"
+    # {1,2,3} had no touched member and still lies in one top community: kept as it was, carved out
+    # of this run's clusters; {10,11,12} cannot nest any more, so this run's clusters stand there.
+    assert _groups(kept, 1) == [{1, 2, 3}, {4, 5, 6}, {10, 11}, {12, 13}, {14, 15}]
+    keys = {n: f"entity-{n}" for n in range(20)}
+    before = hierarchy_from_levels(previous.rename(columns={"community": "cluster"}), node_keys=keys)
+    after = hierarchy_from_levels(kept, node_keys=keys)
+
+    def id_of(hierarchy, level, members):
+        at = hierarchy.membership[hierarchy.membership["level"] == level].groupby("community")["node"].apply(set)
+        number = next(c for c, nodes in at.items() if nodes == members)
+        return hierarchy.communities.set_index("community").loc[number, "id"]
+
+    ids_after = set(after.communities["id"])
+    assert id_of(before, 1, {1, 2, 3}) in ids_after, "the untouched sub-community keeps its id"
+    assert id_of(before, 1, {10, 11, 12}) not in ids_after

@@ -25,7 +25,15 @@ from conftest import SAMPLE_CORPUS
 pytestmark = pytest.mark.spark
 
 CORPUS_A = ("lumen_cells_factory.txt", "harbour_expansion.md", "election.jsonl")
-CORPUS_B = ("seals_report.md",)
+# Document B reaches one region of A's graph only (Gregor Lind, with names A never mentions): a
+# sample document would not do, since each mentions a name A holds once, and that name, now seen
+# twice, becomes an entity with co-occurrence edges all over A. B spans two text units (an entity
+# needs two), its names in both; the filler between them holds no phrase.
+B_NAME, B_SNIPPET = "rowing_club.md", "Kestrel Rowing Club elected Gregor Lind"
+B_TEXT = ("# Kestrel Rowing Club\n\nThe Kestrel Rowing Club elected Gregor Lind as its captain. Jonas Ferreira coaches "
+          "the crew for the Marrow Cup.\n\n"
+          + " ".join(["rowing was hard work for everyone on cold mornings and long evenings"] * 50)
+          + "\n\nGregor Lind said the Kestrel Rowing Club would race for the Marrow Cup. Jonas Ferreira thanked him.")
 
 
 def _copy(folder, names):
@@ -86,9 +94,6 @@ def test_two_jobs_racing_for_a_root_one_wins_the_other_is_told_who(spark, tmp_pa
     again.release()
 
 
-@pytest.mark.xfail(reason="issue 10 open: tables, numbers and ARI (1.0) match a full build, but no community "
-                          "kept its id after adding seals_report.md to the sample corpus; the deletion half is "
-                          "not reached", strict=False)
 def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(spark, make_config, tmp_path):
     folder = tmp_path / "docs"
     _copy(folder, CORPUS_A)
@@ -101,7 +106,7 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
     old_communities = {r.id: r for r in before.read(T.COMMUNITIES).collect()}
     n_documents_a = before.read(T.DOCUMENTS).count()  # election.jsonl holds several documents
 
-    _copy(folder, CORPUS_B)
+    (folder / B_NAME).write_text(B_TEXT, encoding="utf-8")
     refresh = run_index(spark, cfg)
     assert refresh.mode == "refresh"
     assert refresh.counts["documents new"] == 1 and refresh.counts["documents unchanged"] == n_documents_a
@@ -130,23 +135,25 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
     ari = {level: round(_ari(_membership(after, level), _membership(reference, level)), 3) for level in levels}
     print(f"adjusted Rand index per level, refresh vs full build: {ari}")
 
-    # A community found again keeps its number; one whose elements did not change keeps its report.
+    # Every community B did not reach is found again with its id and number and, its elements
+    # unchanged, its report; the one B reached has new members, so a new id and a new number.
     entities = {r.id: (r.description, r.degree) for r in after.read(T.ENTITIES).collect()}
     old_entity_rows = {r.id: (r.description, r.degree) for r in before.read(T.ENTITIES).collect()}
-    kept = unchanged = 0
+    lind = before.read(T.ENTITIES).where(F.col("title") == "GREGOR LIND").collect()[0].id
+    reached = {i for i, old in old_communities.items() if lind in old.entity_ids}
     reports = {r.community: r.full_content for r in after.read(T.COMMUNITY_REPORTS).collect()}
-    for row in after.read(T.COMMUNITIES).collect():
-        old = old_communities.get(row.id)
-        if old is None:
+    found = {r.id: r for r in after.read(T.COMMUNITIES).collect()}
+    assert reached and set(old_communities) - reached, "B reaches part of A's communities"
+    for community_id, old in old_communities.items():
+        if community_id in reached:
+            assert community_id not in found
             continue
-        kept += 1
+        row = found[community_id]
         assert row.community == old.community
-        same_elements = (list(row.relationship_ids) == list(old.relationship_ids)
-                         and all(entities[e] == old_entity_rows[e] for e in row.entity_ids))
-        if same_elements and row.level == max(levels):
-            unchanged += 1
-            assert reports[row.community] == old_reports[old.community]
-    assert kept > 0 and unchanged > 0
+        assert list(row.relationship_ids) == list(old.relationship_ids)
+        assert all(entities[e] == old_entity_rows[e] for e in row.entity_ids)
+        assert reports[row.community] == old_reports[old.community]
+    assert refresh.counts["communities kept"] == f"{len(old_communities) - len(reached)} of {len(found)}"
 
     nothing = run_index(spark, cfg)
     assert nothing.counts["nothing changed"] and nothing.counts["documents unchanged"] == n_documents_a + 1
@@ -154,19 +161,19 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
     assert _published(spark, cfg).versions[T.ENTITIES] == after.versions[T.ENTITIES]
 
     # Deletion: nothing published refers to the document, its text units, or what only it supported.
-    deleted = after.read(T.DOCUMENTS).where(F.col("source").endswith("seals_report.md")).collect()[0]
+    deleted = after.read(T.DOCUMENTS).where(F.col("source").endswith(B_NAME)).collect()[0]
     units = [r.id for r in after.read(T.TEXT_UNITS).where(F.col("document_id") == deleted.id).collect()]
     only_there = [r.id for r in after.read(T.ENTITIES).collect() if set(r.text_unit_ids) <= set(units)]
     assert units and only_there
-    (folder / "seals_report.md").unlink()
+    (folder / B_NAME).unlink()
     summary = run_index(spark, cfg)
     assert summary.counts["documents deleted"] == 1 and summary.counts["documents unchanged"] == n_documents_a
     gone = _published(spark, cfg)
-    snippet = deleted.text.split("\n")[-1][:60]
+    assert B_SNIPPET in deleted.text
     for name in T.PUBLISHED:
         if gone.exists(name):
             text = _texts(gone, name)
-            for needle in [deleted.id, *units, *only_there, snippet]:
+            for needle in [deleted.id, *units, *only_there, B_SNIPPET]:
                 assert needle not in text, f"{name} still holds {needle!r} of the deleted document"
     # Back to corpus A: the same graph as the first run, with the first run's numbers.
     assert _rows(gone, T.ENTITIES, tables[T.ENTITIES]) == _rows(before, T.ENTITIES, tables[T.ENTITIES])

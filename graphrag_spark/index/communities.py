@@ -104,34 +104,49 @@ def build_hierarchy(raw: pd.DataFrame, max_levels: int, excluded_nodes: int = 0,
 
 
 def keep_untouched(projected: pd.DataFrame, previous: pd.DataFrame, touched: set[int]) -> pd.DataFrame:
-    """Pure: this run's per-level clusters (node, level, cluster), except that every previous level-0
-    community none of whose members is ``touched`` (an edge of it appeared, went or changed weight)
-    and all of whose members are still clustered is kept whole, with its sub-communities.
+    """Pure: this run's per-level clusters (node, level, cluster), except that every previous community,
+    at any level, none of whose members is ``touched`` (an edge of it appeared, went or changed weight)
+    and all of whose members are still clustered is kept whole, with its sub-communities, where the
+    hierarchy allows it: at level 0 always, below that when its members all lie in one community of the
+    level above (so every level still nests in the one above).
 
     ``previous``: node (None for a member that is gone), level, community of the last run. Leiden
     restarts its local moving and refinement even from a seed, so a seed alone moves untouched
-    regions too; this keeps them exactly, and only the regions the change reached are reclustered.
+    regions too; this keeps them exactly. A large community that gained one node is reclustered, but
+    its untouched sub-communities are carved out of the new clusters as they were, so only the
+    communities the change reached get new members (and new ids and reports).
     """
     if projected.empty or previous.empty:
         return projected
     nodes_now = set(projected["node"].tolist())
-    top = previous[previous["level"] == 0]
-    kept_communities = {c for c, members in top.groupby("community")["node"]
-                        if members.notna().all() and not (set(members.astype("int64")) & touched)
-                        and set(members.astype("int64")) <= nodes_now}
-    kept_nodes = set(top[top["community"].isin(kept_communities)]["node"].astype("int64"))
-    # Levels of a kept subtree come from the last run, the rest from this one; labels must not collide.
-    old = previous[previous["node"].notna() & previous["node"].isin(kept_nodes)]
-    old = pd.DataFrame({"node": old["node"].astype("int64"), "level": old["level"].astype("int32"),
-                        "cluster": "p" + old["community"].astype(str)})
-    new = projected[~projected["node"].isin(kept_nodes)]
-    new = pd.DataFrame({"node": new["node"], "level": new["level"], "cluster": "n" + new["cluster"].astype(str)})
-    combined = pd.concat([old, new], ignore_index=True)
-    deepest = int(combined["level"].max())
-    per_node = combined.pivot_table(index="node", columns="level", values="cluster", aggfunc="first")
-    long = per_node.reindex(columns=range(deepest + 1)).ffill(axis=1).stack().reset_index()
+    deepest = int(max(projected["level"].max(), previous["level"].max()))
+    new = _levels_by_node(projected["node"], projected["level"], "n" + projected["cluster"].astype(str), deepest)
+    present = previous[previous["node"].notna()]
+    old = _levels_by_node(present["node"].astype("int64"), present["level"],
+                          "p" + present["community"].astype(str), deepest)
+    kept_from = {}  # node -> the level from which it keeps its previous communities
+    for (level, _), members in previous.sort_values(["level", "community"]).groupby(["level", "community"], sort=False)["node"]:
+        if members.isna().any():
+            continue
+        nodes = set(members.astype("int64"))
+        if nodes & touched or not nodes <= nodes_now or nodes & kept_from.keys():
+            continue
+        if level > 0 and new.loc[sorted(nodes), level - 1].nunique() != 1:
+            continue
+        kept_from.update(dict.fromkeys(nodes, int(level)))
+    start = pd.Series(kept_from, dtype="float64").reindex(new.index).to_numpy()  # NaN: nothing kept
+    keep = pd.DataFrame(new.columns.to_numpy()[None, :] >= start[:, None], index=new.index, columns=new.columns)
+    combined = new.mask(keep, old.reindex(index=new.index))
+    long = combined.stack().reset_index()
     long.columns = ["node", "level", "cluster"]
     return long.astype({"node": "int64", "level": "int32"})
+
+
+def _levels_by_node(nodes: pd.Series, levels: pd.Series, clusters: pd.Series, deepest: int) -> pd.DataFrame:
+    """node x level 0..deepest cluster labels, a node's deepest cluster projected down to finer levels."""
+    frame = pd.DataFrame({"node": nodes.to_numpy(), "level": levels.astype("int64").to_numpy(), "cluster": clusters.to_numpy()})
+    per_node = frame.pivot_table(index="node", columns="level", values="cluster", aggfunc="first")
+    return per_node.reindex(columns=range(deepest + 1)).ffill(axis=1)
 
 
 def hierarchy_from_levels(projected: pd.DataFrame, excluded_nodes: int = 0, node_keys: dict[int, str] | None = None,

@@ -63,14 +63,7 @@ def prune_results(store: T.TableStore, retention_days: float) -> int:
     if not store.exists(T.LLM_RESULTS):
         return 0
     cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=retention_days)
-    obsolete = obsolete_results(store, cutoff).localCheckpoint()
-    n = obsolete.count()
-    if n:
-        obsolete.createOrReplaceTempView("obsolete_llm_results")
-        store.spark.sql(f"MERGE INTO {store.sql_name(T.LLM_RESULTS)} t USING obsolete_llm_results s "
-                        "ON t.item_key = s.item_key AND t.run_id = s.run_id WHEN MATCHED THEN DELETE")
-        store.spark.catalog.dropTempView("obsolete_llm_results")
-    return n
+    return _delete_matching(store, T.LLM_RESULTS, obsolete_results(store, cutoff), ["item_key", "run_id"])
 
 
 def prune_embeddings(store: T.TableStore, retention_days: float) -> int:
@@ -83,13 +76,21 @@ def prune_embeddings(store: T.TableStore, retention_days: float) -> int:
     inputs = list(_embedding_inputs(store).values())
     used = inputs[0].unionByName(inputs[1]).select(text_hash(F.col("text")).alias("text_hash"))
     obsolete = (store.read(T.EMBEDDING_CACHE).where(F.col("created_at") < F.lit(cutoff)).select("text_hash")
-                .join(used, "text_hash", "left_anti").distinct().localCheckpoint())
+                .join(used, "text_hash", "left_anti").distinct())
+    return _delete_matching(store, T.EMBEDDING_CACHE, obsolete, ["text_hash"])
+
+
+def _delete_matching(store: T.TableStore, name: str, obsolete: DataFrame, keys: list[str]) -> int:
+    """Delete the rows of table ``name`` whose ``keys`` match a row of ``obsolete``; returns how many keys matched."""
+    # Checkpointed: the MERGE rewrites the table ``obsolete`` is computed from.
+    obsolete = obsolete.localCheckpoint()
     n = obsolete.count()
     if n:
-        obsolete.createOrReplaceTempView("obsolete_embeddings")
-        store.spark.sql(f"MERGE INTO {store.sql_name(T.EMBEDDING_CACHE)} t USING obsolete_embeddings s "
-                        "ON t.text_hash = s.text_hash WHEN MATCHED THEN DELETE")
-        store.spark.catalog.dropTempView("obsolete_embeddings")
+        view = f"obsolete_{name}"
+        obsolete.createOrReplaceTempView(view)
+        condition = " AND ".join(f"t.{k} = s.{k}" for k in keys)
+        store.spark.sql(f"MERGE INTO {store.sql_name(name)} t USING {view} s ON {condition} WHEN MATCHED THEN DELETE")
+        store.spark.catalog.dropTempView(view)
     return n
 
 
