@@ -485,7 +485,14 @@ _QUESTIONS = ("What are the main themes connecting {a} and {b}?",
               "Which developments around {a} matter most for {b}, and why?",
               "How has the debate about {a} evolved, and what role does {b} play in it?",
               "What common causes lie behind {a} and {b}?",
-              "What would someone misunderstand about {a} without knowing about {b}?")
+              "What would someone misunderstand about {a} without knowing about {b}?",
+              "Where do the documents agree and disagree about {a} and {b}?",
+              "What tensions between {a} and {b} run through the dataset?",
+              "How are responsibilities divided between {a} and {b}, and where are the gaps?",
+              "What long-term trends link {a} to {b}?",
+              "Which risks does {a} pose for {b}, and how are they addressed?",
+              "What lessons does the story of {a} hold for {b}?",
+              "How does the public picture of {a} differ from that of {b}?")
 _DATA_IDS = re.compile(r"\[Data:([^\[\]]*)\]")
 
 
@@ -528,11 +535,12 @@ def _eval_tasks(prompt: str) -> str:
 def _eval_questions(prompt: str) -> str:
     task = _between(prompt, "-Task-\n", "\n-End of task-")
     topics = _topics(_between(prompt, "-Dataset description-\n", "\n-End of description-"))
-    focus = next((t for t in topics if t in task), topics[0])
+    persona = _between(prompt, "-User-\n", "\n-End of user-")
+    focus = max((t for t in topics if t in task), key=len, default=topics[0])  # the task's own subject
     others = [t for t in topics if t != focus] or topics
-    start = _hash_int("questions", task)
+    start = _hash_int("questions", persona, task)
     return json.dumps({"questions": [
-        _QUESTIONS[(start + m) % len(_QUESTIONS)].format(a=focus, b=others[(start + m) % len(others)])
+        _QUESTIONS[(start + m) % len(_QUESTIONS)].format(a=focus, b=others[_hash_int(start, m) % len(others)])
         for m in range(_wanted(prompt))]})
 
 
