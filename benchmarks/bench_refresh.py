@@ -111,14 +111,14 @@ def main() -> None:
     full_calls = results[0][2] + results[0][3]
     full_wall = results[0][4]
     width = 11
-    print("\ncalls per stage" + "".join(f"{label:>{width}}" for label, *_ in results))
+    print(f"\n{'calls per stage':<24}" + "".join(f"{label:>{width}}" for label, *_ in results))
     for stage in STAGES:
-        print(f"{stage:<15}" + "".join(f"{r[1].get(stage, 0):>{width}}" for r in results))
-    print(f"{'embeddings':<15}" + "".join(f"{r[3]:>{width}}" for r in results))
-    print(f"{'total':<15}" + "".join(f"{r[2] + r[3]:>{width}}" for r in results))
-    print(f"{'% of full':<15}" + "".join(f"{100 * (r[2] + r[3]) / full_calls:>{width - 1}.1f}%" for r in results))
-    print(f"{'wall s':<15}" + "".join(f"{r[4]:>{width}.1f}" for r in results))
-    print(f"{'% of full wall':<15}" + "".join(f"{100 * r[4] / full_wall:>{width - 1}.1f}%" for r in results))
+        print(f"{stage:<24}" + "".join(f"{r[1].get(stage, 0):>{width}}" for r in results))
+    print(f"{'embeddings':<24}" + "".join(f"{r[3]:>{width}}" for r in results))
+    print(f"{'total':<24}" + "".join(f"{r[2] + r[3]:>{width}}" for r in results))
+    print(f"{'% of full':<24}" + "".join(f"{100 * (r[2] + r[3]) / full_calls:>{width - 1}.1f}%" for r in results))
+    print(f"{'wall s':<24}" + "".join(f"{r[4]:>{width}.1f}" for r in results))
+    print(f"{'% of full wall':<24}" + "".join(f"{100 * r[4] / full_wall:>{width - 1}.1f}%" for r in results))
     share = {label: (chat + emb) / full_calls for label, _, chat, emb, _, _ in results}
     checks = [("+1% doc <= 5% of calls", share["+1% doc"] <= 0.05),
               ("+10% docs <= 20% of calls", share["+10% docs"] <= 0.20),
