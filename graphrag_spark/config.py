@@ -33,11 +33,17 @@ class StorageConfig(_Section):
     catalog: str | None = Field(
         None, description="With `database`: the catalog (Unity Catalog, or `spark_catalog`), so tables are `<catalog>.<database>.<name>`."
     )
+    staging: str | None = Field(
+        None, description="Driver-visible folder (local, `file:` or a `/Volumes/...` path) for the LLM stages' crash journal, one subfolder per index; unset = `<root>/_llm_journal` for a local root, else a temp folder of the driver (lost with the driver: set it for catalog tables or a cloud root)."
+    )
 
     @model_validator(mode="after")
     def _catalog_needs_database(self) -> "StorageConfig":
         if self.catalog and not self.database:
             raise ValueError("storage.catalog needs storage.database (the schema the tables live in)")
+        if self.staging and ":" in self.staging.split("/")[0] and not self.staging.startswith("file:"):
+            raise ValueError(f"storage.staging must be a folder the driver can write (local, file: or /Volumes/...), "
+                             f"not the URI '{self.staging}'")
         return self
 
 

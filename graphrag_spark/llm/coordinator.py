@@ -296,11 +296,24 @@ class RemoteBudget:
         self._latencies.append(latency_s)
 
 
-def journal_dir(root: str | None) -> Path:
-    """Where stages journal their results: next to the tables for a local root, else a local temp dir."""
-    if root and (root.startswith("file:") or ":" not in root.split("/")[0]):
-        return Path(root.removeprefix("file://").removeprefix("file:")) / "_llm_journal"
-    digest = hashlib.sha256((root or "").encode()).hexdigest()[:16]
+def _driver_path(location: str) -> str | None:
+    """``location`` as a path the driver can open (a ``/Volumes/...`` path is one on Databricks, kept as
+    written); None for a URI such as ``s3://`` or ``abfss://``."""
+    if location.startswith("file:"):
+        return "/" + location.removeprefix("file:").lstrip("/")
+    return None if ":" in location.split("/")[0] else location
+
+
+def journal_dir(root: str | None, staging: str | None = None, index: str | None = None) -> Path:
+    """Where stages journal their results: a folder per index under ``staging`` (``storage.staging``) when
+    set, else next to the tables for a local root, else a temp folder of the driver. ``index`` names the
+    index where ``root`` does not (tables in a catalog), so two indexes never share a journal."""
+    digest = hashlib.sha256((index or root or "").encode()).hexdigest()[:16]
+    if staging:
+        return Path(_driver_path(staging)) / digest
+    local = _driver_path(root) if root else None
+    if local is not None:
+        return Path(local) / "_llm_journal"
     return Path(tempfile.gettempdir()) / "graphrag-spark-journal" / digest
 
 
