@@ -4,7 +4,7 @@ The line shows the stage, its elapsed time, Spark's tasks done/total (from the s
 for an LLM stage, items done/total, calls, 429s, tokens, cost so far and an ETA. LLM figures come
 from a ``LlmMeter``: tasks add each finished partition's figures to a Spark accumulator, which the
 driver reads as tasks complete. On Spark Connect (no status tracker, no accumulators) the line
-shows elapsed time and the LLM items committed batch by batch.
+shows elapsed time and the LLM figures wave by wave, as each wave's rows come back to the client.
 
 Jobs open a ``console_progress(spark)``; library code reports through ``stage()`` and
 ``llm_meter()``, which do nothing when no progress is open (tests, notebooks, the query API).
@@ -112,6 +112,7 @@ class LlmMeter:
         self.started = time.perf_counter()
         self._prices = (price_per_1k_prompt, price_per_1k_completion)
         self._committed = 0
+        self._returned = [0] * len(_FIELDS)  # figures the driver saw itself (Spark Connect's waves)
         accumulator = (spark.sparkContext.accumulator([0] * len(_FIELDS), _CountsParam())
                        if live and not is_connect(spark) else None)
         self._accumulator = accumulator
@@ -121,8 +122,14 @@ class LlmMeter:
         """A batch of ``items`` was written (the only figure Spark Connect gives the driver)."""
         self._committed += items
 
+    def returned(self, figures, items: int) -> None:
+        """A wave of ``items`` came back to the driver with its usage ``figures`` (Spark Connect, no accumulator)."""
+        wave = (items, figures.calls, figures.n_429, figures.prompt_tokens, figures.completion_tokens)
+        self._returned = [a + b for a, b in zip(self._returned, wave)]
+
     def counts(self) -> LlmCounts:
-        values = self._accumulator.value if self._accumulator is not None else [0] * len(_FIELDS)
+        accumulated = self._accumulator.value if self._accumulator is not None else [0] * len(_FIELDS)
+        values = [a + b for a, b in zip(accumulated, self._returned)]
         figures = dict(zip(_FIELDS, values))
         cost = (figures["prompt_tokens"] / 1000 * self._prices[0]
                 + figures["completion_tokens"] / 1000 * self._prices[1])

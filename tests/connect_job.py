@@ -5,7 +5,10 @@ exists, so a classic and a Connect session cannot share the test process: this s
 Connect side and writes what a user would see as JSON; the test computes the same with
 ``api_answers`` on the classic session and compares.
 
-    python tests/connect_job.py --remote sc://127.0.0.1:PORT --root DIR --input DIR --out FILE [--llm URL]
+    python tests/connect_job.py --remote sc://127.0.0.1:PORT --root DIR --input DIR --out FILE [--llm URL [--llm-root DIR]]
+
+With ``--llm-root`` it also indexes ``LLM_CORPUS_FILE`` with the LLM method (extraction with claims,
+summaries, reports, endpoint embeddings) through the local server at ``--llm``.
 """
 
 from __future__ import annotations
@@ -26,9 +29,29 @@ INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATI
                 T.COMMUNITY_REPORTS, T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
 
 
+# One document keeps the LLM index cheap; results in waves of two items exercise the Connect commit path.
+LLM_CORPUS_FILE = "lumen_cells_factory.txt"
+LLM_KEY_ENV = "GRAPHRAG_CONNECT_TEST_KEY"
+
+
 def config(root: str, input_path: str, *overrides: str):
     return load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={input_path}",
                                                       "spark.shuffle_partitions=2", *overrides])
+
+
+def llm_config(root: str, input_path: str, llm_base_url: str, *overrides: str):
+    return config(root, input_path, "extraction.method=llm", "extraction.claims=true", "chunking.size=200",
+                  "chunking.overlap=30", "embeddings.provider=openai", "llm.items_per_commit=2",
+                  f"llm.chat.api_base={llm_base_url}", f"llm.embedding.api_base={llm_base_url}",
+                  f"llm.chat.api_key_env={LLM_KEY_ENV}", f"llm.embedding.api_key_env={LLM_KEY_ENV}", *overrides)
+
+
+def index_rows(spark, cfg) -> dict:
+    """Rows of every index table and of the LLM result cache, per stage."""
+    store = T.TableStore(spark, cfg.storage)
+    rows = {name: store.read(name).count() for name in (*INDEX_TABLES, T.CLAIMS)}
+    rows.update({f"llm_results {r.stage}": r["count"] for r in store.read(T.LLM_RESULTS).groupBy("stage").count().collect()})
+    return rows
 
 
 def _answer(result) -> dict:
@@ -74,6 +97,7 @@ def main(argv: list[str]) -> None:
     for name in ("--remote", "--root", "--input", "--out"):
         parser.add_argument(name, required=True)
     parser.add_argument("--llm", default=None, help="base URL of the local OpenAI-compatible server")
+    parser.add_argument("--llm-root", default=None, help="also build an LLM-method index of LLM_CORPUS_FILE here")
     args = parser.parse_args(argv)
 
     from graphrag_spark.index.pipeline import run_index
@@ -88,6 +112,15 @@ def main(argv: list[str]) -> None:
     verdict = {"summary_counts": {k: str(v) for k, v in summary.counts.items()},
                "raptor_nodes_per_layer": raptor.shape.nodes_per_layer,
                **api_answers(GraphRagIndex.load(spark, cfg), args.llm)}
+    if args.llm_root:
+        llm_input = Path(args.llm_root).parent / "llm_input"
+        llm_input.mkdir(parents=True, exist_ok=True)
+        (llm_input / LLM_CORPUS_FILE).write_bytes((Path(args.input) / LLM_CORPUS_FILE).read_bytes())
+        llm_cfg = llm_config(args.llm_root, str(llm_input), args.llm, f"spark.master={args.remote}")
+        llm_summary = run_index(spark, llm_cfg)
+        verdict["llm_index"] = {"summary_counts": {k: str(v) for k, v in llm_summary.counts.items()},
+                                "rows": index_rows(spark, llm_cfg),
+                                "calls": {u.stage: u.calls for u in llm_summary.usage}}
     Path(args.out).write_text(json.dumps(verdict, indent=1, default=str))
     spark.stop()
 

@@ -11,11 +11,12 @@ import sys
 import pytest
 
 from graphrag_spark import tables as T
+from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.llm.server import start_server
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import REPO, SAMPLE_CORPUS
-from connect_job import INDEX_TABLES, QUESTIONS, api_answers, config
+from connect_job import INDEX_TABLES, LLM_CORPUS_FILE, LLM_KEY_ENV, QUESTIONS, api_answers, config, index_rows, llm_config
 
 pytestmark = pytest.mark.spark
 
@@ -31,11 +32,11 @@ def connect_run(connect_url, llm_server, tmp_path_factory):
     """The Connect side, once: index data/sample, build its RAPTOR tree, ask through the notebook API."""
     root = tmp_path_factory.mktemp("connect_index") / "index"
     out = root.parent / "verdict.json"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), LLM_KEY_ENV: "sk-connect-test"}
     env.pop("SPARK_REMOTE", None)
     done = subprocess.run([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", connect_url,
                            "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
-                           "--llm", llm_server.base_url],
+                           "--llm", llm_server.base_url, "--llm-root", str(root.parent / "llm_index")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     return root, json.loads(out.read_text())
@@ -68,3 +69,19 @@ def test_raptor_built_and_searched_on_connect_matches_classic_search(spark, conn
     assert verdict["raptor_nodes_per_layer"]["0"] > 0 and len(verdict["raptor_nodes_per_layer"]) > 1
     raptor = tree.raptor_search(QUESTIONS[0])
     assert verdict["raptor"]["answer"] == raptor.answer and raptor.context_units > 0
+
+
+def test_the_llm_method_on_connect_writes_the_classic_index(spark, connect_run, llm_server, tmp_path, monkeypatch):
+    """Extraction with gleaning and claims, summaries, reports and endpoint embeddings: on Connect
+    (no coordinator, results committed in waves) the same tables, rows and calls as on the classic session."""
+    monkeypatch.setenv(LLM_KEY_ENV, "sk-connect-test")
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / LLM_CORPUS_FILE).write_bytes((SAMPLE_CORPUS / LLM_CORPUS_FILE).read_bytes())
+    cfg = llm_config(str(tmp_path / "index"), str(tmp_path / "input"), llm_server.base_url)
+    summary = run_index(spark, cfg)
+    on_connect = connect_run[1]["llm_index"]
+    assert on_connect["summary_counts"] == {k: str(v) for k, v in summary.counts.items()}
+    assert on_connect["rows"] == index_rows(spark, cfg)
+    assert on_connect["calls"] == {u.stage: u.calls for u in summary.usage}
+    # more entity summaries than llm.items_per_commit: the Connect stage ran (and committed) several waves
+    assert on_connect["rows"][T.COMMUNITY_REPORTS] > 0 and on_connect["rows"]["llm_results summarize_entities"] > 2

@@ -22,7 +22,8 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
   tokens, service latency and queue wait percentiles (apart), and an estimated cost.
 
 On Spark Connect the executors cannot reach the client, so there is no coordinator: tasks
-throttle to ``1/tasks`` of the budget, and results are committed once, after the stage's job.
+throttle to ``1/tasks`` of the budget, and the items run in waves of ``llm.items_per_commit``, each
+committed when its job returns (a client that goes down loses at most one wave's calls).
 """
 
 from __future__ import annotations
@@ -219,20 +220,33 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     return coordinator.usage()
 
 
-def _run_in_one_job(spark: SparkSession, store: T.TableStore, model: LlmModelConfig, pending: DataFrame,
-                    n_tasks: int, safe_fn, row_of, tally) -> UsageFigures:
-    """Spark Connect: each task throttles to its share; the rows come back to the client and are committed once."""
-    share = 1.0 / n_tasks
+def _run_in_waves(spark: SparkSession, store: T.TableStore, model: LlmModelConfig, pending: DataFrame,
+                  n_pending: int, n_tasks: int, items_per_commit: int, safe_fn, row_of, meter) -> UsageFigures:
+    """Spark Connect: the executors cannot reach the client, so there is no coordinator. Each task
+    throttles to its share of the budget, and the items run in waves of ``llm.items_per_commit``
+    (split by a hash of the item key): a wave's rows come back to the client and are committed before
+    the next wave starts, so a client that goes down loses at most one wave's calls."""
+    n_waves = math.ceil(n_pending / items_per_commit)
+    wave_tasks = max(1, min(n_tasks, math.ceil(n_pending / n_waves)))
+    share = 1.0 / wave_tasks
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         records = [record for frame in frames for record in frame.to_dict("records")]
+        if not records:  # a wave's hash split can leave a task empty; an empty frame fails Arrow's conversion
+            return
         works = run_items(records, safe_fn, model, share)
-        tally.add(works)
         yield pd.DataFrame({"row": [json.dumps(row_of(r, w), ensure_ascii=False) for r, w in zip(records, works)]})
 
-    rows = [json.loads(r) for r in pending.repartition(n_tasks).mapInPandas(call_partition, "row string").toPandas()["row"]]
-    _commit(spark, store, rows)
-    return usage_of(rows)
+    wave_of = F.pmod(F.xxhash64("item_key"), F.lit(n_waves))
+    usage_rows: list[dict] = []
+    for wave in range(n_waves):
+        items = pending.where(wave_of == wave) if n_waves > 1 else pending
+        rows = [json.loads(r) for r in items.repartition(wave_tasks).mapInPandas(call_partition, "row string").toPandas()["row"]]
+        _commit(spark, store, rows)
+        wave_usage = [{**row, "result": None} for row in rows]
+        meter.returned(usage_of(wave_usage), len(rows))
+        usage_rows += wave_usage
+    return usage_of(usage_rows)
 
 
 def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
@@ -247,7 +261,9 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
-    journal = journal_dir(None if store.storage.database else store.storage.root) / f"{stage}.jsonl"
+    in_catalog = bool(store.storage.database)
+    journal = journal_dir(None if in_catalog else store.storage.root, store.storage.staging,
+                          store.namespace() if in_catalog else None) / f"{stage}.jsonl"
     _recover(spark, store, journal)
     done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
     # One job counts the stage's items and its cache hits; the pending items are then read from
@@ -271,7 +287,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     if n_pending:
         n_tasks = max(1, min(n_pending, max(default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK))))
         if is_connect(spark):
-            figures = _run_in_one_job(spark, store, model, pending, n_tasks, safe_fn, row_of, meter.tally)
+            figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
+                                    row_of, meter)
         else:
             figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter.tally,
                                        meter, journal)
