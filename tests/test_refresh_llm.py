@@ -31,8 +31,8 @@ KEY_ENV = "GRAPHRAG_TEST_KEY"
 def _overrides(server, root, folder):
     return [f"storage.root={root}", f"input.path={folder}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
             "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
-            f"llm.chat.api_key_env={KEY_ENV}", "llm.items_per_commit=1", "extraction.claims=true",
-            "extraction.max_gleanings=0", "chunking.size=300", "chunking.overlap=30", "spark.shuffle_partitions=2"]
+            f"llm.chat.api_key_env={KEY_ENV}", "extraction.claims=true", "extraction.max_gleanings=0",
+            "chunking.size=300", "chunking.overlap=30", "communities.max_levels=2", "spark.shuffle_partitions=2"]
 
 
 def _job(overrides, log):
@@ -62,12 +62,13 @@ def test_concurrent_refreshes_one_runs_killed_mid_reports_then_rerun_pays_nothin
     folder.mkdir()
     for name in ("lumen_cells_factory.txt", "seals_report.md"):
         shutil.copy(SAMPLE_CORPUS / name, folder / name)
-    with start_server(seed=3, latency_s=0.5) as server:
+    with start_server(seed=3, latency_s=0.2) as server:
         overrides = _overrides(server, root, folder)
         cfg = load_config(REPO / "conf" / "local.yaml", overrides)
         first = run_index(spark, cfg)
         published = runs.published_run(T.TableStore(spark, cfg.storage))
         reports_before = sorted(r.full_content for r in GraphRagIndex.load(spark, cfg).table(T.COMMUNITY_REPORTS).collect())
+        first_reports = _reports_by_community_id(GraphRagIndex.load(spark, cfg).store)
         reports_served = server.stats()["by_kind"].get("community_report", 0)
 
         shutil.copy(SAMPLE_CORPUS / "harbour_expansion.md", folder / "harbour_expansion.md")
@@ -117,3 +118,17 @@ def test_concurrent_refreshes_one_runs_killed_mid_reports_then_rerun_pays_nothin
         assert store.read(T.COMMUNITY_REPORTS).where(F.col("method") == "llm").count() > 0
         statuses = {r.run_id: r.status for r in GraphRagIndex.load(spark, cfg).runs().collect()}
         assert statuses[rerun.run_id] == "succeeded" and statuses[first.run_id] == "succeeded"
+        # A community found again (same members, so same id) keeps its report exactly when its
+        # context is the one already reported (one cached report for the id); a changed context is
+        # a new report. The cache holds one answer per context a community id was reported from.
+        final_reports = _reports_by_community_id(store)
+        contexts = (store.read(T.LLM_RESULTS).where((F.col("stage") == "community_reports") & F.col("error").isNull())
+                    .groupBy("item_id").agg(F.countDistinct("item_key").alias("n")).collect())
+        contexts = {r.item_id: r.n for r in contexts}
+        for community_id in set(first_reports) & set(final_reports):
+            assert (final_reports[community_id] == first_reports[community_id]) == (contexts[community_id] == 1)
+
+
+def _reports_by_community_id(store):
+    ids = store.read(T.COMMUNITIES).select("community", "id")
+    return {r.id: r.full_content for r in store.read(T.COMMUNITY_REPORTS).join(ids, "community").collect()}
