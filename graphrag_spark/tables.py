@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from graphrag_spark.compat import analysis_condition
+from graphrag_spark.compat import analysis_condition, is_connect
 from graphrag_spark.config import StorageConfig
 
 
@@ -193,6 +193,9 @@ def _identifier(part: str) -> str:
     return "`" + part.replace("`", "``") + "`"
 
 
+# Where TableStore.checkpoint materialises intermediate frames: <root>/_scratch/<name>, or <database>._scratch_<name>.
+SCRATCH = "_scratch"
+
 # The tables the index job writes and publishes together (the Delta versions of one run's index_runs row).
 PUBLISHED = (DOCUMENTS, INPUT_REJECTS, TEXT_UNITS, ENTITY_INSTANCES, RELATIONSHIP_INSTANCES, CLAIMS, ENTITIES,
              RELATIONSHIPS, COMMUNITIES, COMMUNITY_REPORTS, TEXT_UNIT_EMBEDDINGS, ENTITY_EMBEDDINGS)
@@ -211,6 +214,7 @@ class TableStore:
         self.spark = spark
         self.storage = storage
         self.versions = versions
+        self._scratch: set[str] = set()
 
     def location(self, name: str) -> str:
         if self.storage.database:
@@ -253,6 +257,38 @@ class TableStore:
         if self.storage.database:
             return self.spark.table(self.location(name))
         return self.spark.read.format("delta").load(self.location(name))
+
+    def checkpoint(self, df: DataFrame, name: str) -> DataFrame:
+        """``df`` written to the scratch Delta table ``name`` and read back. The lineage is cut as with
+        ``localCheckpoint``, but the rows live in the index's storage, not in executors: a lost executor
+        loses nothing, so no LLM call behind them is made (or paid) again, and it works on Spark Connect
+        (no RDD API). A later call with the same name replaces the rows: one name per frame in use.
+        :meth:`drop_scratch` removes them after a successful run; a crashed run's are replaced by the rerun."""
+        table = f"{SCRATCH}_{name}" if self.storage.database else f"{SCRATCH}/{name}"
+        self.write(df, table)
+        self._scratch.add(table)
+        return self.read(table)
+
+    def drop_scratch(self) -> None:
+        """Remove the scratch tables this store wrote. A catalog table is dropped; a path is deleted through
+        Hadoop's file system, or on Spark Connect (no file system API) emptied, its files left to VACUUM."""
+        for table in sorted(self._scratch):
+            if self.storage.database:
+                self.spark.sql(f"DROP TABLE IF EXISTS {self.location(table)}")
+            elif is_connect(self.spark):
+                self.spark.sql(f"DELETE FROM {self.sql_name(table)}")
+            else:
+                self._delete_path(self.location(table))
+        if self._scratch and not self.storage.database and not is_connect(self.spark):
+            self._delete_path(self.location(SCRATCH), only_if_empty=True)
+        self._scratch.clear()
+
+    def _delete_path(self, location: str, only_if_empty: bool = False) -> None:
+        jvm = self.spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        fs = path.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())
+        if fs.exists(path) and not (only_if_empty and len(fs.listStatus(path)) > 0):
+            fs.delete(path, True)
 
     def read_or_empty(self, name: str) -> DataFrame:
         return self.read(name) if self.exists(name) else self.spark.createDataFrame([], SCHEMAS[name])

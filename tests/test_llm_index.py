@@ -7,6 +7,7 @@ import io
 import logging
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -116,6 +117,7 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     assert estimate_extraction(spark, cfg)["chunks to extract"] == 0
     assert stats["served"]["chat"] > 0
     assert max(stats["served_hashes"].values()) == 1, "no call was repeated"
+    assert not (Path(cfg.storage.root) / T.SCRATCH).exists(), "the run's checkpoint tables are removed after it succeeds"
     assert summary.counts["entities"] > 10 and summary.counts["relationships"] > 5 and summary.counts["claims"] > 0
     assert store.read(T.ENTITY_INSTANCES).where(F.col("method") == "llm").count() > 0
     usage = {u.stage: u for u in summary.usage}

@@ -78,6 +78,7 @@ def test_one_tree_per_document_from_one_two_and_three_chunks(spark, tmp_path, ca
     job.main(["--config", str(REPO / "conf" / "local.yaml"), *[arg for o in overrides for arg in ("--set", o)]])
     printed = capsys.readouterr().out
     assert "nodes in layer 0                 6" in printed and "nodes in layer 1                 1" in printed
+    assert not (root / T.SCRATCH).exists(), "the build's checkpoint tables are removed once the tree is written"
 
     from graphrag_spark.config import load_config
 

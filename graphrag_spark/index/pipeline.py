@@ -324,6 +324,7 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
                     source_version=run.source_version, documents_new=diff.get("new", 0),
                     documents_changed=diff.get("changed", 0), documents_deleted=diff.get("deleted", 0),
                     documents_unchanged=diff.get("unchanged", 0), **common, **_totals(summary))
+    store.drop_scratch()
     with summary.stage("retention"):
         summary.counts.update(retention.apply(run))
     return summary
@@ -359,7 +360,7 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
         contexts = reports.community_contexts(all_communities.where(F.col("level") == level), entities, relationships,
                                               finer, claims, all_communities.where(F.col("level") == level + 1))
         if use_llm:
-            level_reports, built, usage = reports.llm_level_reports(spark, store, cfg, contexts, run_id)
+            level_reports, built, usage = reports.llm_level_reports(spark, store, cfg, contexts, run_id, level)
             summary.usage.append(usage)
             substituted[level] = built.where(F.size("substituted") > 0).count()
         else:

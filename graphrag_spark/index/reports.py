@@ -27,7 +27,6 @@ from graphrag_spark.tokens import count_tokens
 REPORT_COLUMNS = [f.name for f in T.SCHEMAS[T.COMMUNITY_REPORTS].fields]
 OFFLINE_METHOD = "extractive"
 
-
 def _first_sentence(text: str | None, limit: int = 300) -> str:
     text = " ".join((text or "").split("\n")[0].split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
@@ -179,14 +178,15 @@ async def write_report(client, context: str, prompt, max_tokens: int, item_id: s
     return LlmWork(None, calls, f"invalid report JSON after {len(calls)} answers: {problem}")
 
 
-def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str):
+def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str, level: int):
     """LLM reports for one level's contexts (cached, batched, failures kept); failed ones fall back to extractive."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
 
     prompt = load_prompt("community_report")
     max_tokens = cfg.reports.max_output_tokens
-    built = report_contexts(contexts, cfg.reports.max_input_tokens).localCheckpoint()
+    # Materialised in Delta: the stage reads the contexts and the caller counts them after, with no recomputation.
+    built = store.checkpoint(report_contexts(contexts, cfg.reports.max_input_tokens), f"report_contexts_{level}")
     items = built.select(F.col("id").alias("item_id"), F.col("context").alias("payload"))
 
     async def work(client, item: dict):

@@ -73,8 +73,8 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
     def summarize(table, keys, name_col, stage) -> tuple[DataFrame, StageUsage]:
         summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
                                       (only or {}).get(table))
-        # Materialised before merging into the table the plan reads from.
-        return summaries.localCheckpoint(), usage
+        # Materialised (in Delta: a lost executor loses nothing) before merging into the table the plan reads from.
+        return store.checkpoint(summaries, f"summaries_{table}"), usage
 
     # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
     # so one's Spark work before and after its calls is not dead time for the rate limit.

@@ -149,7 +149,8 @@ def build_raptor(spark: SparkSession, cfg: Config) -> RaptorBuild:
     params = raptor_params(cfg.raptor)
     run_id = new_run_id()
 
-    layers = [_embedded(spark, _leaves(_documents(spark, store, cfg), cfg).localCheckpoint(), cfg)]
+    leaves = store.checkpoint(_leaves(_documents(spark, store, cfg), cfg), "raptor_leaves")
+    layers = [_embedded(spark, store, leaves, cfg, "raptor_layer_0")]
     frontiers = _frontiers(layers[0])
     edges: list[tuple[str, Edge]] = []
     usage: list[StageUsage] = []
@@ -163,7 +164,7 @@ def build_raptor(spark: SparkSession, cfg: Config) -> RaptorBuild:
         edges += [(t, e) for t, es in layer_edges.items() for e in es]
         summaries, stage_usage = _summarize(spark, store, cfg, params, _union(layers), layer_edges, layer, run_id)
         usage += stage_usage
-        layers.append(_embedded(spark, summaries, cfg))
+        layers.append(_embedded(spark, store, summaries, cfg, f"raptor_layer_{layer}"))
         made = _frontiers(layers[-1], with_failed=True)
         frontiers = {}
         for t in clusters:
@@ -176,7 +177,8 @@ def build_raptor(spark: SparkSession, cfg: Config) -> RaptorBuild:
     edge_rows = pd.DataFrame([(t, e.parent, e.child, e.probability) for t, e in edges],
                              columns=T.SCHEMAS[T.RAPTOR_EDGES].fieldNames())
     store.write(spark.createDataFrame(edge_rows, T.SCHEMAS[T.RAPTOR_EDGES]), T.RAPTOR_EDGES)
-    shape = tree_shape(nodes.select("tree_id", "id", "layer", "n_tokens", "status").toPandas(), edge_rows)
+    shape = tree_shape(store.read(T.RAPTOR_NODES).select("tree_id", "id", "layer", "n_tokens", "status").toPandas(), edge_rows)
+    store.drop_scratch()
     return RaptorBuild(shape, round(time.perf_counter() - started, 2), usage)
 
 
@@ -206,7 +208,7 @@ def _leaves(documents: DataFrame, cfg: Config) -> DataFrame:
     return documents.select("id", "text").mapInPandas(run, _UNEMBEDDED)
 
 
-def _embedded(spark: SparkSession, nodes: DataFrame, cfg: Config) -> DataFrame:
+def _embedded(spark: SparkSession, store: T.TableStore, nodes: DataFrame, cfg: Config, name: str) -> DataFrame:
     """Nodes with the embeddings of their texts, computed in executors by the configured provider
     (index.embed); a node whose embedding failed becomes a failed node. Materialized, so no
     embedding is computed (or paid) twice."""
@@ -215,11 +217,10 @@ def _embedded(spark: SparkSession, nodes: DataFrame, cfg: Config) -> DataFrame:
     partitions = max(1, min(rows, max(default_parallelism(spark), math.ceil(rows / cfg.llm.items_per_commit))))
     vectors = embed_texts(texts, cfg, partitions).withColumnRenamed("vector", "embedding")
     no_vector = (F.col("status") == OK) & F.col("embedding").isNull()
-    return (nodes.join(vectors, "id", "left")
-            .withColumn("error", F.when(no_vector, F.lit("embedding failed")).otherwise(F.col("error")))
-            .withColumn("status", F.when(no_vector, F.lit(FAILED)).otherwise(F.col("status")))
-            .select(*[f.name for f in NODE_SCHEMA.fields], "position")
-            .localCheckpoint())
+    return store.checkpoint(nodes.join(vectors, "id", "left")
+                            .withColumn("error", F.when(no_vector, F.lit("embedding failed")).otherwise(F.col("error")))
+                            .withColumn("status", F.when(no_vector, F.lit(FAILED)).otherwise(F.col("status")))
+                            .select(*[f.name for f in NODE_SCHEMA.fields], "position"), name)
 
 
 def _union(layers: list[DataFrame]) -> DataFrame:
@@ -294,8 +295,8 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, params: Ra
     texts = (children.join(nodes.select(F.col("id").alias("child"), "text"), "child")
              .groupBy("tree_id", "parent").agg(F.sort_array(F.collect_list(F.struct("edge", "text"))).alias("members"))
              .select("tree_id", F.col("parent").alias("item_id"),
-                     F.to_json(F.struct(F.col("members.text").alias("texts"))).alias("payload"))
-             .localCheckpoint())
+                     F.to_json(F.struct(F.col("members.text").alias("texts"))).alias("payload")))
+    texts = store.checkpoint(texts, f"raptor_texts_{layer}")
     if cfg.raptor.method == "llm":
         outcome, usage = _llm_summaries(spark, store, cfg, texts, run_id)
         written = outcome.select("item_id", F.get_json_object("result", "$.text").alias("text"), "error")
@@ -305,7 +306,7 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, params: Ra
     order = spark.createDataFrame(list(parent_order.items()), "item_id string, position long")
     nodes = _summary_nodes(texts.select("tree_id", "item_id").join(written, "item_id").join(order, "item_id"), layer,
                            cfg.chunking.encoding)
-    return nodes.localCheckpoint(), usages
+    return store.checkpoint(nodes, f"raptor_summaries_{layer}"), usages
 
 
 def _llm_summaries(spark: SparkSession, store: T.TableStore, cfg: Config, items: DataFrame,
