@@ -49,8 +49,11 @@ def _is_local(master: str) -> bool:
 def _preset_conf(under_submit: bool) -> dict[str, str]:
     """Settings already made outside this code: spark-submit's (JVM properties) or spark-defaults.conf."""
     if under_submit:
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
 
+        # Connect to spark-submit's JVM first: its system properties hold --master and --conf, and a
+        # SparkConf made before the gateway exists is empty (so spark-submit's master would be overridden).
+        SparkContext._ensure_initialized()
         return dict(SparkConf().getAll())
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or spark_home() / "conf")
     defaults = conf_dir / "spark-defaults.conf"
