@@ -109,7 +109,10 @@ class GraphConfig(_Section):
         "count", description="`count` = number of relationship instances (the paper); `strength` = sum of extracted strengths."
     )
     backend: Literal["auto", "graphframes", "sql"] = Field(
-        "auto", description="Degrees and connected components: `graphframes` (its JAR and graphframes-py needed), `sql` = Spark SQL + the driver, `auto` = GraphFrames when its classes load."
+        "auto", description="Degrees and connected components: `graphframes` (its JAR and graphframes-py needed), `sql` = Spark SQL + the driver, `auto` = the driver path up to graph.driver_max_edges relationships, GraphFrames beyond (when its classes load)."
+    )
+    driver_max_edges: int = Field(
+        20_000_000, gt=0, description="`auto` backend: above this many relationships, connected components run in GraphFrames (executors) so only the largest component's edges reach the driver; at or below, the driver path (18x faster at 3M edges on 2 cores)."
     )
     largest_component_only: bool = Field(
         False, description="Cluster only the largest connected component; excluded nodes are counted in the run summary."

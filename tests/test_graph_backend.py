@@ -15,8 +15,18 @@ def graphframes_session(spark):
     shared_path(str(GRAPHFRAMES_JAR.relative_to(GRAPHFRAMES_JAR.parents[1])))
     from graphrag_spark.index.graph_backend import resolve_backend
 
-    assert resolve_backend(spark, "auto") == "graphframes", "the JAR is on the test session's classpath"
+    assert resolve_backend(spark, "graphframes") == "graphframes", "the JAR is on the test session's classpath"
     return spark
+
+
+def test_auto_takes_the_driver_path_until_the_edge_budget_then_graphframes(graphframes_session):
+    from graphrag_spark.index.graph_backend import resolve_backend
+
+    assert resolve_backend(graphframes_session, "auto") == "sql", "degrees (edge count unknown): one aggregation"
+    assert resolve_backend(graphframes_session, "auto", 3_000_000) == "sql", "the default budget holds 3M edges"
+    assert resolve_backend(graphframes_session, "auto", 11, driver_max_edges=10) == "graphframes"
+    assert resolve_backend(graphframes_session, "auto", 10, driver_max_edges=10) == "sql"
+    assert resolve_backend(graphframes_session, "sql", 10**9) == "sql"
 
 
 def _edges(spark):

@@ -1,5 +1,5 @@
-"""Degrees and the largest connected component through GraphFrames where its JVM classes load,
-else through Spark SQL and the driver (``graph.backend``: ``auto`` / ``graphframes`` / ``sql``).
+"""Degrees and the largest connected component through GraphFrames or through Spark SQL and the
+driver (``graph.backend``: ``auto`` / ``graphframes`` / ``sql``; see :func:`resolve_backend` for ``auto``).
 
 Both backends compute the same thing: a node's degree is the number of relationships it ends;
 the largest component is the one with most nodes, ties going to the component holding the
@@ -34,8 +34,15 @@ def graphframes_available(spark: SparkSession) -> bool:
     return _class_loadable(spark, GRAPHFRAMES_CLASS)
 
 
-def resolve_backend(spark: SparkSession, setting: str) -> str:
-    """``graphframes`` or ``sql`` for this session; an explicit ``graphframes`` that cannot load is a user error."""
+def resolve_backend(spark: SparkSession, setting: str, edges: int | None = None,
+                    driver_max_edges: int = 20_000_000) -> str:
+    """``graphframes`` or ``sql`` for this session; an explicit ``graphframes`` that cannot load is a user error.
+
+    ``auto`` takes the driver path while the graph has at most ``driver_max_edges`` relationships
+    (``edges``; unknown = small): Leiden needs the edge list on the driver anyway, and there the
+    driver path was 18x faster (3M edges: 34 s against 608 s for GraphFrames, 2 cores). Beyond it,
+    GraphFrames finds the largest component in the executors, so only that component's edges reach
+    the driver. Degrees are one aggregation either way."""
     if setting == "sql":
         return "sql"
     available = graphframes_available(spark)
@@ -43,7 +50,9 @@ def resolve_backend(spark: SparkSession, setting: str) -> str:
         raise UserError("graph.backend is 'graphframes' but GraphFrames does not load here; install graphframes-py and "
                         "add its JAR (spark.jars, or io.graphframes:graphframes-spark4_2.13 in spark.packages), "
                         "or set graph.backend=auto.")
-    return "graphframes" if available else "sql"
+    if setting == "graphframes":
+        return "graphframes"
+    return "graphframes" if available and edges is not None and edges > driver_max_edges else "sql"
 
 
 def _graph(relationships: DataFrame, vertices: DataFrame | None = None):
