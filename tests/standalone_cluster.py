@@ -1,0 +1,231 @@
+"""A real Spark standalone cluster for tests: one master and N workers, each its own JVM started
+with pyspark's ``spark-class``, bound to 127.0.0.1 on free ports. The daemons get a bare
+environment (no virtualenv on PATH, no PYTHONPATH, no API key), so the executors they launch see
+only what an application ships to them.
+
+Also here: ``spark_submit`` (a client-mode job run against the cluster) and ``ProcessWatch``, which
+records the executor JVMs and their Python workers from ``/proc`` while a job runs: the outside view
+of which interpreter, working directory and PYTHONPATH the executors really used."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+# What Spark itself puts on its Python workers' PYTHONPATH: its pyspark.zip, py4j and spark-core's JAR.
+SPARK_PYTHON_PATH = {str(p) for p in [*(SPARK_HOME / "python" / "lib").glob("*.zip"), *(SPARK_HOME / "jars").glob("spark-core_*.jar")]}
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now (all sockets held until every port is picked)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def bare_env(tmp: Path) -> dict[str, str]:
+    """What a cluster node's daemons run with: Java and the system tools, nothing of the driver's venv."""
+    java = shutil.which("java")
+    path = ["/usr/local/bin", "/usr/bin", "/bin"]
+    if java:
+        path.insert(0, str(Path(java).resolve().parent))
+    conf_dir = tmp / "conf"  # an empty conf dir: no spark-defaults.conf or spark-env.sh of this machine
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": ":".join(path), "HOME": str(tmp), "LANG": "C.UTF-8", "SPARK_HOME": str(SPARK_HOME),
+           "SPARK_CONF_DIR": str(conf_dir), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
+           "SPARK_LOG_DIR": str(tmp / "logs"), "SPARK_NO_DAEMONIZE": "1",
+           # No REST submission server: it binds a fixed port (6066), and the tests submit through the RPC port.
+           "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"}
+    if "JAVA_HOME" in os.environ:
+        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    return env
+
+
+@dataclass
+class StandaloneCluster:
+    master_url: str
+    web_url: str
+    work_dirs: list[Path]
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def master_status(self) -> dict:
+        with urllib.request.urlopen(f"{self.web_url}/json/", timeout=5) as answer:
+            return json.load(answer)
+
+    def alive_workers(self) -> int:
+        return int(self.master_status().get("aliveworkers", 0))
+
+    def executor_logs(self) -> list[Path]:
+        """Every file an executor wrote under the workers' work dirs (stdout, stderr), archive excluded."""
+        return [p for d in self.work_dirs for p in d.glob("app-*/*/std*") if p.is_file()]
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
+                  ready_timeout_s: float = 120.0) -> StandaloneCluster:
+    env = bare_env(tmp)
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    port, web_port, *worker_web_ports = free_ports(2 + workers)
+    cluster = StandaloneCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}",
+                                [tmp / f"worker{i}" for i in range(workers)])
+
+    def launch(name: str, *args: str) -> None:
+        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed when the process ends
+        cluster.processes.append(subprocess.Popen([spark_class, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, cwd=tmp))
+
+    def wait_for(what: str, ready) -> None:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            dead = [p.args[1] for p in cluster.processes if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0]} exited: see {tmp}/*.log")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass  # the master's web UI is not up yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} not ready within {ready_timeout_s:.0f} s: see {tmp}/*.log")
+            time.sleep(0.5)
+
+    try:
+        launch("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+               "--webui-port", str(web_port))
+        wait_for("the master", lambda: cluster.master_status() is not None)
+        # The port the master really bound (another process may have taken the free one meanwhile: Spark then
+        # takes the next) is in its status; its web UI port was held distinct from the others.
+        cluster.master_url = cluster.master_status()["url"]
+        for i, work_dir in enumerate(cluster.work_dirs):
+            work_dir.mkdir(parents=True)
+            launch(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                   "--webui-port", str(worker_web_ports[i]), "--cores", str(cores), "--memory", memory,
+                   "--work-dir", str(work_dir), cluster.master_url)
+        wait_for(f"{workers} workers", lambda: cluster.alive_workers() == workers)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+@dataclass
+class SeenProcess:
+    pid: int
+    parent: int
+    argv: list[str]
+    cwd: str
+    environ: dict[str, str]
+
+
+class ProcessWatch:
+    """Polls /proc while a job runs for executor JVMs and Python workers (``pyspark.daemon`` / ``pyspark.worker``)."""
+
+    def __init__(self, interval_s: float = 0.3) -> None:
+        self.interval_s = interval_s
+        self.executors: dict[int, SeenProcess] = {}
+        self.python_workers: dict[int, SeenProcess] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                pid = int(entry.name)
+                if pid in self.executors or pid in self.python_workers:
+                    continue
+                try:
+                    argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+                except OSError:
+                    continue
+                if EXECUTOR_CLASS in argv:
+                    target = self.executors
+                elif "pyspark.daemon" in argv or "pyspark.worker" in argv:
+                    target = self.python_workers
+                else:
+                    continue
+                try:
+                    cwd = os.readlink(entry / "cwd")
+                    raw = (entry / "environ").read_bytes().split(b"\0")
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
+                target[pid] = SeenProcess(pid, parent, argv, cwd, environ)
+            self._stop.wait(self.interval_s)
+
+    def of_cluster(self, cluster: StandaloneCluster) -> tuple[list[SeenProcess], list[SeenProcess]]:
+        """The executors launched by ``cluster``'s workers and their Python workers (other Spark
+        processes on the machine are not descendants of them)."""
+        roots = [str(d) for d in cluster.work_dirs]
+        executors = [p for p in self.executors.values() if any(p.cwd.startswith(r) for r in roots)]
+        ours = {p.pid for p in executors}
+        workers: list[SeenProcess] = []
+        grew = True
+        while grew:  # pyspark.daemon is a child of the executor JVM, the forked workers are children of the daemon
+            found = [p for p in self.python_workers.values() if p.parent in ours and p.pid not in ours]
+            workers += found
+            ours |= {p.pid for p in found}
+            grew = bool(found)
+        return executors, workers
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def submit_command(cluster: StandaloneCluster, script: Path, args: list[str], *, archive: Path, event_log: Path,
+                   jars: list[str], driver_python: str, deploy_mode: str = "client",
+                   extra_conf: dict[str, str] | None = None) -> list[str]:
+    """spark-submit of a Python job the documented way: the packed environment as an archive, its Python for
+    the executors, the driver's own Python on the driver. Run it with ``submit_env``."""
+    conf = {"spark.pyspark.python": "./env/bin/python", "spark.pyspark.driver.python": driver_python,
+            "spark.executor.memory": "640m", "spark.executor.cores": "1", "spark.cores.max": str(len(cluster.work_dirs)),
+            "spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri(),
+            "spark.eventLog.compress": "false", "spark.ui.port": str(free_port()), **(extra_conf or {})}
+    command = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.master_url, "--deploy-mode", deploy_mode,
+               "--driver-memory", "1g", "--archives", f"{archive}#env", "--jars", ",".join(jars)]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, str(script), *args]
+
+
+def submit_env(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}

@@ -1,0 +1,208 @@
+"""The index and query jobs through spark-submit on a real standalone cluster (a master and two
+workers, each its own JVM, with a bare environment), the executors running Python only from the
+environment archive built by scripts/pack_env.sh, the API key reaching them only through the
+project's mechanism, and the key nowhere in the event log or any executor's output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphrag_spark.config import SparkConfig
+from graphrag_spark.llm.server import start_server
+from graphrag_spark.session import local_jars
+
+from conftest import REPO, SAMPLE_CORPUS
+from standalone_cluster import SPARK_PYTHON_PATH, ProcessWatch, start_cluster, submit_command, submit_env
+
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+
+SECRET = "sk-test-CLUSTER-KEY-MUST-NEVER-LEAK-9d41c7e0b2a6"
+KEY_ENV = "GRAPHRAG_CLUSTER_TEST_KEY"
+JOB_TIMEOUT_S = 900
+# A user's --conf for a tiny input: Delta reads its log in 50 tasks and Spark shuffles into 200 by default.
+SMALL_CLUSTER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
+
+
+@pytest.fixture(scope="module")
+def env_archive(tmp_path_factory):
+    """The archive, as a user builds it (cached under .cache/env by content hash; a fresh clone builds it)."""
+    started = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "pack_env.sh"), str(tmp_path_factory.mktemp("env") / "env.tar.gz")],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(f"pack_env.sh: {time.monotonic() - started:.0f} s")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    started = time.monotonic()
+    cluster = start_cluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=1, memory="1g")
+    print(f"standalone master + 2 workers up in {time.monotonic() - started:.0f} s")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two sample files: enough for several tasks, communities and reports; few stages' worth of work."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for name in ("lumen_cells_factory.txt", "seals_report.md"):
+        shutil.copy(SAMPLE_CORPUS / name, folder / name)
+    return folder
+
+
+def _driver_env() -> dict[str, str]:
+    """The submitting user's shell: the key exported, nothing that would point executors at the venv."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env[KEY_ENV] = SECRET
+    return env
+
+
+def _command(cluster, archive, tmp: Path, script: str, args: list[str], **kwargs) -> list[str]:
+    return submit_command(cluster, REPO / "jobs" / script, args, archive=archive, event_log=tmp / "events",
+                          jars=local_jars(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy"))),
+                          driver_python=sys.executable, extra_conf=SMALL_CLUSTER_CONF, **kwargs)
+
+
+def _submit(cluster, archive, tmp: Path, script: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(cluster, archive, tmp, script, args, **kwargs), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S, env=submit_env(_driver_env()), cwd=REPO)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], server, watch: ProcessWatch):
+    """Run the index job; once community reports are being written (their contexts checkpointed, their LLM
+    stage running), SIGKILL one executor JVM, as a lost node would. Returns the finished job and the killed pid."""
+    stdout, stderr = tmp / "index.out", tmp / "index.err"
+    with open(stdout, "w") as out, open(stderr, "w") as err:
+        job = subprocess.Popen(_command(cluster, archive, tmp, "index.py", args), stdout=out, stderr=err,
+                               env=submit_env(_driver_env()), cwd=REPO)
+        killed = None
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        try:
+            while job.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the index job ran past {JOB_TIMEOUT_S} s")
+                if killed is None and server.stats()["by_kind"].get("community_report", 0) >= 1:
+                    executors, _ = watch.of_cluster(cluster)
+                    alive = [p.pid for p in executors if _alive(p.pid)]
+                    if alive:
+                        killed = alive[0]
+                        os.kill(killed, signal.SIGKILL)
+                time.sleep(0.1)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait(timeout=30)
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout.read_text(), stderr.read_text()), killed
+
+
+def test_standalone_refuses_cluster_deploy_mode_for_python(cluster, tmp_path):
+    """Only client mode exists for Python on a standalone master (YARN and Kubernetes have cluster mode)."""
+    (tmp_path / "events").mkdir()
+    proc = _submit(cluster, tmp_path / "unused.tar.gz", tmp_path, "index.py", ["--help"], deploy_mode="cluster")
+    assert proc.returncode != 0
+    assert "Cluster deploy mode is currently not supported for python applications on standalone clusters" in proc.stderr
+
+
+def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_environment(
+        cluster, env_archive, corpus, tmp_path, request):
+    events = tmp_path / "events"
+    events.mkdir()
+    root = tmp_path / "index"
+    # Every call without the key is a 401. At most two calls in flight job-wide, each taking 0.5 s: the report
+    # stage lasts long enough to lose an executor in it, and a lost task can have at most two calls in flight.
+    with start_server(api_key=SECRET, latency_s=0.5) as server:
+        settings = [f"storage.root={root}", f"input.path={corpus}", "chunking.size=200", "chunking.overlap=20",
+                    "extraction.method=llm", "extraction.max_gleanings=0", "embeddings.provider=openai",
+                    f"llm.chat.api_base={server.base_url}", f"llm.chat.api_key_env={KEY_ENV}", "llm.chat.model=local-model",
+                    f"llm.embedding.api_base={server.base_url}", f"llm.embedding.api_key_env={KEY_ENV}",
+                    "llm.max_in_flight=2"]
+        set_args = [arg for setting in settings for arg in ("--set", setting)]
+        started = time.monotonic()
+        with ProcessWatch() as watch:
+            index, killed = _index_killing_an_executor(cluster, env_archive, tmp_path,
+                                                       ["--config", "conf/local.yaml", *set_args], server, watch)
+        index_s = time.monotonic() - started
+        assert index.returncode == 0, index.stderr[-4000:]
+        started = time.monotonic()
+        query = _submit(cluster, env_archive, tmp_path, "query.py",
+                        ["--config", "conf/local.yaml", *set_args, "--method", "global", "--level", "0",
+                         "What does the Lumen Cells factory make?"])
+        query_s = time.monotonic() - started
+        assert query.returncode == 0, query.stderr[-4000:]
+        stats = server.stats()
+    print(f"index job {index_s:.0f} s, query job {query_s:.0f} s on the standalone cluster")
+
+    # The executors were the cluster's, and their Python came from the archive: the interpreter ./env/bin/python
+    # in each executor's work dir, Spark's own pyspark.zip, nothing of the driver's venv or the repository.
+    work_dirs = [str(d) for d in cluster.work_dirs]
+    executors, python_workers = watch.of_cluster(cluster)
+    assert len({p.cwd for p in executors}) >= 2, "the job ran in the cluster's two executors"
+    # Executor loss: one was killed during the report stage, the master launched a replacement, the job finished.
+    assert killed is not None and not _alive(killed), "an executor was killed mid-stage"
+    assert len({p.pid for p in executors}) >= 3, "a replacement executor was launched"
+    assert python_workers, "no Python worker was seen in an executor"
+    for worker in python_workers:
+        interpreter = os.path.normpath(os.path.join(worker.cwd, worker.argv[0]))
+        assert worker.argv[0] == "./env/bin/python" and any(interpreter.startswith(w) for w in work_dirs), worker.argv
+        assert (Path(interpreter).parent.parent / "pyvenv.cfg").is_file(), "the archive's venv is unpacked there"
+        python_path = [p for p in worker.environ.get("PYTHONPATH", "").split(":") if p]
+        assert all(p in SPARK_PYTHON_PATH or any(p.startswith(w) for w in work_dirs) for p in python_path), python_path
+        assert str(REPO / ".venv" / "bin") not in worker.environ.get("PATH", "")
+        assert "VIRTUAL_ENV" not in worker.environ
+    unpacked = {Path(os.path.normpath(os.path.join(w.cwd, "env"))) for w in python_workers}
+    for env_dir in unpacked:  # the archive carries the dependencies, not pyspark (the cluster's Spark provides it)
+        site = env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        assert (site / "openai").is_dir() and (site / "graphrag_spark").is_dir() and not (site / "pyspark").exists()
+
+    # The key reached the executors (every call was authorised) through the task closure alone.
+    assert stats["served"]["chat"] > 0 and stats["served"]["embeddings"] > 0 and stats["unauthorized"] == 0
+    # Nothing paid twice: a request answered twice can only be one of the calls in flight in the killed task.
+    repaid = sum(n - 1 for n in stats["served_hashes"].values())
+    assert repaid <= 2, f"{repaid} requests were paid twice"
+    for process in [*executors, *python_workers]:
+        assert SECRET not in " ".join(process.argv) and SECRET not in "".join(process.environ.values())
+
+    # Cluster-side secret leak: not in the event log (environment tab, SQL plans, task events), not in any
+    # executor's stdout/stderr, not in the daemons' logs, not in the jobs' own output.
+    logs = [p for p in events.rglob("*") if p.is_file()]
+    executor_logs = cluster.executor_logs()
+    assert logs and len(executor_logs) >= 4, (logs, executor_logs)
+    assert any(b"CoarseGrainedExecutorBackend" in p.read_bytes() for p in executor_logs), "executor stderr was captured"
+    daemon_logs = list(cluster.work_dirs[0].parent.glob("*.log"))
+    for path in [*logs, *executor_logs, *daemon_logs]:
+        assert SECRET.encode() not in path.read_bytes(), f"the key leaked into {path}"
+    assert SECRET not in index.stdout + index.stderr + query.stdout + query.stderr
+
+    # What the user gets: an LLM-built index and an answer from it.
+    spark = request.getfixturevalue("spark")
+    count = lambda name: spark.read.format("delta").load(str(root / name)).count()  # noqa: E731
+    assert count("text_units") >= 3 and count("entities") > 5 and count("relationships") > 0
+    results = spark.read.format("delta").load(str(root / "llm_results"))
+    assert results.where("error is not null").count() == 0
+    assert results.agg({"n_calls": "sum"}).first()[0] == stats["served"]["chat"] - repaid, "every paid answer is kept"
+    # No item lost: every text unit extracted, every community reported by the LLM (none fell back).
+    units = {r.id for r in spark.read.format("delta").load(str(root / "text_units")).select("id").collect()}
+    assert units == {r.item_id for r in results.where("stage = 'extract'").select("item_id").collect()}
+    reports = spark.read.format("delta").load(str(root / "community_reports"))
+    assert reports.count() > 0 and reports.where("method != 'llm'").count() == 0
+    assert not (root / "_scratch").exists(), "the run's checkpoint tables were removed after it succeeded"
+    answer = query.stdout.strip()
+    assert "[global search, level 0:" in answer and "LLM calls" in answer, answer
+    assert "Lumen" in answer.split("\n[global search")[0], answer
