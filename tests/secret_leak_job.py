@@ -64,7 +64,9 @@ def main(corpus: str, root: str, event_log: str, key_env: str) -> None:
             if (path / "_delta_log").is_dir():
                 table = spark.read.format("delta").load(str(path))
                 rows = table.select(F.to_json(F.struct(*table.columns)).alias("j"))
-                verdict["tables"][path.name] = [rows.count(), rows.where(F.col("j").contains(secret)).count()]
+                # Searched here, not in SQL: a filter on the key would itself put it in the event log's plans.
+                texts = [r.j for r in rows.collect()]
+                verdict["tables"][path.name] = [len(texts), sum(secret in text for text in texts)]
         verdict["llm_result_errors"] = [r.error for r in store.read(T.LLM_RESULTS).where("error is not null")
                                         .select("error").limit(3).collect()]
         verdict["injected_401"] = server.stats()["injected"]["401"]
