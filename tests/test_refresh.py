@@ -214,3 +214,8 @@ def test_change_data_feed_reads_only_changed_rows_and_records_the_version(spark,
     assert {(r.source, r.title) for r in store.read(T.DOCUMENTS).collect()} == expected
     latest = spark.sql(f"DESCRIBE HISTORY delta.`{source}` LIMIT 1").collect()[0]["version"]
     assert runs.published_run(T.TableStore(spark, cfg.storage))["source_version"] == latest
+
+
+def test_lock_sql_strings_survive_quotes_and_backslashes(spark):
+    value = "it's a \\ job's name"
+    assert spark.sql(f"SELECT {runs._sql_string(value)} AS v").collect()[0].v == value

@@ -84,6 +84,7 @@ def test_concurrent_refreshes_one_runs_killed_mid_reports_then_rerun_pays_nothin
             holder = runs.IndexLock(T.TableStore(spark, cfg.storage), "probe", cfg.refresh).holder()
             assert holder is not None and holder["pid"] == winner.pid
             assert f"Another index job is running on '{root}/': run {holder['run_id']}" in message
+            assert "Exception" not in message and " ERROR " not in message, message[-2000:]  # the sentence only
 
             def in_report_stage():
                 stats = server.stats()

@@ -1,7 +1,7 @@
 """Runs of the index job on one root: the lock, the ``index_runs`` log and publication, retention.
 
 - **Lock.** One job at a time per root. The lock is a one-row Delta table taken and released by
-  MERGE/UPDATE commits: Delta's optimistic concurrency control rejects the second of two commits
+  UPDATE commits: Delta's optimistic concurrency control rejects the second of two commits
   that rewrote the same row, so of two jobs racing for a free (or stale) lock exactly one wins, on
   a local disk, HDFS, object stores, Volumes and Unity Catalog alike (an ``O_EXCL`` lock file is
   atomic only on POSIX disks). The holder renews a heartbeat; a lock whose heartbeat is older than
@@ -37,6 +37,11 @@ def _is_conflict(exc: Exception) -> bool:
     """Delta's rejection of a commit that lost a race (classic: ConcurrentXxxException; Connect: DELTA_CONCURRENT_*)."""
     text = str(exc)
     return "Concurrent" in text or "DELTA_CONCURRENT" in text or "already exists" in text.lower()
+
+
+def _sql_string(value: str) -> str:
+    """A Spark SQL string literal (the job name holds argv[0] and the host name, which may hold quotes)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -99,25 +104,19 @@ class IndexLock:
         holder = self.holder()
         if holder is not None and not self._stale(holder):
             return False, holder
-        spark = self.store.spark
-        claim = spark.createDataFrame([Row(lock=LOCK_KEY, expected=None if holder is None else holder["run_id"],
-                                           run_id=self.run_id, job=self.job, host=socket.gethostname(),
-                                           pid=os.getpid())],
-                                      "lock string, expected string, run_id string, job string, host string, pid long")
-        view = f"lock_claim_{os.getpid()}_{threading.get_ident()}"
-        claim.createOrReplaceTempView(view)
+        expected = "IS NULL" if holder is None else f"= {_sql_string(holder['run_id'])}"
         try:
-            # Compare-and-swap: only if the row still names the holder we saw; Delta rejects the
-            # second of two concurrent rewrites of the row.
-            spark.sql(f"MERGE INTO {self.store.sql_name(T.INDEX_LOCK)} t USING {view} s ON t.lock = s.lock "
-                      "WHEN MATCHED AND t.run_id <=> s.expected THEN UPDATE SET t.run_id = s.run_id, t.job = s.job, "
-                      "t.host = s.host, t.pid = s.pid, t.acquired_at = current_timestamp(), "
-                      "t.heartbeat_at = current_timestamp()")
+            # Compare-and-swap: only if the row still names the holder we saw; Delta rejects the second
+            # of two concurrent rewrites of the row. An UPDATE, not a MERGE: Delta logs every failed
+            # MERGE at ERROR with a stack trace, which the losing job would print before its one sentence.
+            self.store.spark.sql(
+                f"UPDATE {self.store.sql_name(T.INDEX_LOCK)} SET run_id = {_sql_string(self.run_id)}, "
+                f"job = {_sql_string(self.job)}, host = {_sql_string(socket.gethostname())}, pid = {os.getpid()}, "
+                "acquired_at = current_timestamp(), heartbeat_at = current_timestamp() "
+                f"WHERE lock = '{LOCK_KEY}' AND run_id {expected}")
         except Exception as exc:  # noqa: BLE001
             if not _is_conflict(exc):
                 raise
-        finally:
-            spark.catalog.dropTempView(view)
         holder = self.holder()
         taken = holder is not None and holder["run_id"] == self.run_id
         return taken, None if taken else holder
@@ -145,7 +144,7 @@ class IndexLock:
         for _ in range(5):
             try:
                 self.store.spark.sql(f"UPDATE {self.store.sql_name(T.INDEX_LOCK)} SET {assignments} "
-                                     f"WHERE lock = '{LOCK_KEY}' AND run_id = '{self.run_id}'")
+                                     f"WHERE lock = '{LOCK_KEY}' AND run_id = {_sql_string(self.run_id)}")
                 return
             except Exception as exc:  # noqa: BLE001
                 if not _is_conflict(exc):
