@@ -27,6 +27,7 @@ from graphrag_spark.tokens import count_tokens
 REPORT_COLUMNS = [f.name for f in T.SCHEMAS[T.COMMUNITY_REPORTS].fields]
 OFFLINE_METHOD = "extractive"
 
+
 def _first_sentence(text: str | None, limit: int = 300) -> str:
     text = " ".join((text or "").split("\n")[0].split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -182,12 +182,12 @@ def _driver_host(spark: SparkSession) -> str:
 
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
-                     pending: DataFrame, n_tasks: int, safe_fn, row_of, tally, meter, journal: Path) -> UsageFigures:
+                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path) -> UsageFigures:
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
     coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
     coordinator.on_result = lambda row: meter.committed(1)
-    url = coordinator.url
+    url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         records = [record for frame in frames for record in frame.to_dict("records")]
@@ -290,8 +290,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter)
         else:
-            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter.tally,
-                                       meter, journal)
+            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal)
         _compact(spark, store, llm.max_result_files)
 
     usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
