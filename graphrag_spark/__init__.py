@@ -7,7 +7,7 @@ try:
     import pyspark as _pyspark
 except ModuleNotFoundError:
     raise ImportError("graphrag-spark runs on PySpark, which this environment lacks: on a machine without Spark "
-                      "install `graphrag-spark[local]`; on a cluster use its own Spark 4.") from None
-if int(_pyspark.__version__.split(".")[0]) < 4:
-    raise ImportError(f"graphrag-spark needs Spark 4.0 or later and this environment has pyspark {_pyspark.__version__} "
-                      f"(Databricks Runtime 15.4 and 16.4 LTS ship Spark 3.5): use Databricks Runtime 17.3 LTS or later.")
+                      "install `graphrag-spark[local]`; on a cluster use its own Spark (3.5 or 4.x).") from None
+if tuple(int(part) for part in _pyspark.__version__.split(".")[:2]) < (3, 5):
+    raise ImportError(f"graphrag-spark needs Spark 3.5 or later and this environment has pyspark {_pyspark.__version__} "
+                      f"(Databricks Runtime 15.4 LTS and later ship Spark 3.5 or 4).")

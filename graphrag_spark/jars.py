@@ -25,6 +25,7 @@ from graphrag_spark.errors import UserError
 
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
 TESTED_DELTA_VERSION = "4.4.0"
+TESTED_DELTA_VERSION_SPARK3 = "3.3.2"
 GRAPHFRAMES_CLASS = "org.graphframes.GraphFrame"
 DELTA_EXTENSION_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
 
@@ -42,16 +43,32 @@ def spark_home() -> Path:
 
 
 def delta_coordinate() -> str:
-    """The Delta artifact built for this pyspark's minor version, at the installed delta-spark version
-    (or the tested one where only the cluster's Spark is installed)."""
+    """The Delta artifact for this pyspark at the installed delta-spark version (or the tested one where only
+    the cluster's Spark is installed): Delta 3.x for Spark 3.5, 4.x for Spark 4. Up to Delta 4.0 the artifact is
+    named by Scala version only (``delta-spark_2.12``); from 4.1 by Spark minor too (``delta-spark_4.1_2.13``)."""
     import pyspark
 
     spark_minor = ".".join(pyspark.__version__.split(".")[:2])
     try:
         version = importlib.metadata.version("delta_spark")
     except importlib.metadata.PackageNotFoundError:
-        version = TESTED_DELTA_VERSION
-    return f"io.delta:delta-spark_{spark_minor}_2.13:{version}"
+        version = TESTED_DELTA_VERSION_SPARK3 if spark_minor.startswith("3.") else TESTED_DELTA_VERSION
+    scala = scala_version(spark_home())
+    if _major_minor(version) < (4, 1):
+        return f"io.delta:delta-spark_{scala}:{version}"
+    return f"io.delta:delta-spark_{spark_minor}_{scala}:{version}"
+
+
+def scala_version(home: Path) -> str:
+    """The Scala binary version of this Spark's JARs (pip's pyspark 3.5 is built for 2.12, Spark 4 for 2.13)."""
+    for jar in (home / "jars").glob("scala-library-*.jar"):
+        return ".".join(jar.name.removeprefix("scala-library-").split(".")[:2])
+    return "2.12" if _major_minor(importlib.metadata.version("pyspark")) < (4, 0) else "2.13"
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(re.match(r"\d+", minor).group())
 
 
 def _spark_artifacts(home: Path) -> set[str]:
@@ -137,7 +154,7 @@ def _read_manifest(manifest: Path) -> list[Path] | None:
 def _run_ivy(home: Path, target: Path, retrieved: Path, repository: str) -> None:
     ivy_jars = sorted((home / "jars").glob("ivy-*.jar"))
     if not ivy_jars:
-        raise UserError(f"No Ivy JAR in '{home / 'jars'}'; set SPARK_HOME to a Spark 4 distribution or reinstall pyspark.")
+        raise UserError(f"No Ivy JAR in '{home / 'jars'}'; set SPARK_HOME to a Spark 3.5 or 4 distribution or reinstall pyspark.")
     java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
     if java is None:
         raise UserError("Java 17+ is required by Spark; install a JDK (e.g. apt-get install openjdk-17-jre-headless).")

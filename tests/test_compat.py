@@ -85,7 +85,7 @@ def test_an_index_at_three_part_names_answers_as_the_same_index_at_paths(spark, 
         spark.sql("DROP SCHEMA IF EXISTS spark_catalog.graphrag_uc CASCADE")
 
 
-def test_an_environment_with_spark_3_is_told_which_runtime_to_use(tmp_path):
+def test_an_environment_older_than_spark_3_5_is_told_which_runtime_to_use(tmp_path):
     import subprocess
     import sys
 
@@ -93,9 +93,9 @@ def test_an_environment_with_spark_3_is_told_which_runtime_to_use(tmp_path):
 
     fake = tmp_path / "pyspark"
     fake.mkdir()
-    (fake / "__init__.py").write_text('__version__ = "3.5.2"\n')
+    (fake / "__init__.py").write_text('__version__ = "3.4.1"\n')
     done = subprocess.run([sys.executable, "-c", "import graphrag_spark"], capture_output=True, text=True,
                           env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert done.returncode == 1
-    assert "needs Spark 4.0 or later and this environment has pyspark 3.5.2" in done.stderr
-    assert "Databricks Runtime 17.3 LTS or later" in done.stderr
+    assert "needs Spark 3.5 or later and this environment has pyspark 3.4.1" in done.stderr
+    assert "Databricks Runtime 15.4 LTS and later" in done.stderr

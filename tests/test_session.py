@@ -102,3 +102,31 @@ def test_spark_defaults_conf_counts_as_preset(tmp_path, monkeypatch):
 def test_session_loads_delta_from_jars_by_path(spark):
     conf = spark.sparkContext.getConf()
     assert "io.delta_delta-spark_" in conf.get("spark.jars") and not conf.get("spark.jars.packages", "")
+
+
+@pytest.mark.parametrize("pyspark_version, delta_version, scala_jar, expected", [
+    ("3.5.9", "3.3.2", "scala-library-2.12.18.jar", "io.delta:delta-spark_2.12:3.3.2"),  # Databricks 15.4/16.4 LTS line
+    ("3.5.2", None, "scala-library-2.12.18.jar", "io.delta:delta-spark_2.12:3.3.2"),  # no delta-spark: the tested 3.x
+    ("4.0.1", "4.0.0", "scala-library-2.13.16.jar", "io.delta:delta-spark_2.13:4.0.0"),  # Delta 4.0: Scala suffix only
+    ("4.0.1", "4.4.0", "scala-library-2.13.16.jar", "io.delta:delta-spark_4.0_2.13:4.4.0"),
+    ("4.1.1", None, "scala-library-2.13.17.jar", "io.delta:delta-spark_4.1_2.13:4.4.0"),
+])
+def test_the_delta_artifact_matches_the_running_spark(monkeypatch, tmp_path, pyspark_version, delta_version, scala_jar, expected):
+    import importlib.metadata
+
+    import pyspark
+
+    from graphrag_spark import jars
+
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / scala_jar).touch()
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    monkeypatch.setattr(pyspark, "__version__", pyspark_version)
+
+    def installed(name):
+        if name == "delta_spark" and delta_version:
+            return delta_version
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(jars.importlib.metadata, "version", installed)
+    assert jars.delta_coordinate() == expected

@@ -242,7 +242,8 @@ def _group(parsed: DataFrame) -> tuple[DataFrame, DataFrame, dict]:
         F.min_by(F.struct("source", "title", "text", "metadata"), F.col("source")).alias("first"),
         F.array_sort(F.collect_list("source")).alias("all_sources"))
         .select("id", "first.title", "first.text", "first.source",
-                F.array_remove(F.col("all_sources"), F.col("first.source")).alias("duplicate_sources"),
+                # filter, not array_remove: a column as the element to remove is Spark 4 only.
+                F.filter("all_sources", lambda source: source != F.col("first.source")).alias("duplicate_sources"),
                 "first.metadata", F.length("first.text").cast("long").alias("n_chars")))
     # One job for the three counts (each Spark job is a fixed cost that dominates small inputs).
     is_document = F.col("kind") == "document"

