@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -85,11 +90,54 @@ def sample_index(spark, tmp_path_factory):
     return cfg, run_index(spark, cfg)
 
 
-@pytest.fixture(scope="session")
-def connect_url(tmp_path_factory):
-    """``sc://127.0.0.1:PORT`` of a local Spark Connect server with Delta, started once for every Connect
-    test and stopped at the end. Clients run in their own processes (see tests/connect_job.py)."""
-    from connect_server import connect_server
+# Early jobs: a test module may define ``EARLY_JOB(workdir)``, work done in other processes only (a Spark
+# Connect server and its client, say) that takes minutes. It starts in a background thread as soon as
+# the module's tests are collected, so its processes run while the in-process tests do, and the
+# module's ``early_result`` fixture waits for its value (or its exception). Run alone, the same.
+_early_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="early-job")
+_early: dict[str, Future] = {}
+_early_dir = Path(tempfile.mkdtemp(prefix="graphrag-spark-early-"))
+_early_processes: list[subprocess.Popen] = []
 
-    with connect_server(REPO / ".cache" / "ivy", tmp_path_factory.mktemp("connect") / "server.log") as url:
-        yield url
+
+def track(process: subprocess.Popen) -> subprocess.Popen:
+    """An early job's process, started in its own session: its group is killed if the test session ends first."""
+    _early_processes.append(process)
+    return process
+
+
+def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for early jobs (see ``track``)."""
+    with track(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, **kwargs)) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    for module in {item.module for item in session.items if hasattr(item, "module")}:
+        job = getattr(module, "EARLY_JOB", None)
+        if job is not None and module.__name__ not in _early:
+            workdir = _early_dir / module.__name__
+            workdir.mkdir()
+            _early[module.__name__] = _early_pool.submit(job, workdir)
+
+
+def pytest_sessionfinish(session):
+    for process in _early_processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    _early_pool.shutdown(wait=True, cancel_futures=True)
+    shutil.rmtree(_early_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def early_result(request):
+    """The value of this module's EARLY_JOB, started at collection."""
+    return _early[request.module.__name__].result()

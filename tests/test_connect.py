@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,7 +14,7 @@ from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.llm.server import start_server
 from graphrag_spark.query.api import GraphRagIndex
 
-from conftest import REPO, SAMPLE_CORPUS
+from conftest import REPO, SAMPLE_CORPUS, run_process
 from connect_job import INDEX_TABLES, LLM_CORPUS_FILE, LLM_KEY_ENV, QUESTIONS, api_answers, config, index_rows, llm_config
 
 pytestmark = pytest.mark.spark
@@ -27,19 +26,26 @@ def llm_server():
         yield server
 
 
-@pytest.fixture(scope="module")
-def connect_run(connect_url, llm_server, tmp_path_factory):
-    """The Connect side, once: index data/sample, build its RAPTOR tree, ask through the notebook API."""
-    root = tmp_path_factory.mktemp("connect_index") / "index"
-    out = root.parent / "verdict.json"
+def EARLY_JOB(workdir):
+    """The Connect side, once, while other tests run (see conftest): a Connect server, and in a client
+    process the index of data/sample, its RAPTOR tree, the notebook API's answers and an LLM index."""
+    from connect_server import connect_server
+
+    root, out = workdir / "index", workdir / "verdict.json"
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), LLM_KEY_ENV: "sk-connect-test"}
     env.pop("SPARK_REMOTE", None)
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", connect_url,
-                           "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
-                           "--llm", llm_server.base_url, "--llm-root", str(root.parent / "llm_index")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    with start_server() as llm, connect_server(REPO / ".cache" / "ivy", workdir / "server.log") as url:
+        done = run_process([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", url,
+                            "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
+                            "--llm", llm.base_url, "--llm-root", str(workdir / "llm_index")],
+                           timeout=1800, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return root, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def connect_run(early_result):
+    return early_result
 
 
 def test_the_index_job_on_connect_writes_the_classic_index(spark, sample_index, connect_run):

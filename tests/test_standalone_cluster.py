@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,9 @@ from graphrag_spark.config import SparkConfig
 from graphrag_spark.llm.server import start_server
 from graphrag_spark.session import local_jars
 
-from conftest import REPO, SAMPLE_CORPUS
-from standalone_cluster import SPARK_PYTHON_PATH, ProcessWatch, start_cluster, submit_command, submit_env
+from conftest import REPO, SAMPLE_CORPUS, run_process, track
+from standalone_cluster import (SPARK_PYTHON_PATH, ProcessWatch, SeenProcess, StandaloneCluster, start_cluster,
+                                submit_command, submit_env)
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -31,30 +33,17 @@ JOB_TIMEOUT_S = 900
 SMALL_CLUSTER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
 
 
-@pytest.fixture(scope="module")
-def env_archive(tmp_path_factory):
+def _pack_env(tmp: Path) -> Path:
     """The archive, as a user builds it (cached under .cache/env by content hash; a fresh clone builds it)."""
-    started = time.monotonic()
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "pack_env.sh"), str(tmp_path_factory.mktemp("env") / "env.tar.gz")],
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "pack_env.sh"), str(tmp / "env.tar.gz")],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    print(f"pack_env.sh: {time.monotonic() - started:.0f} s")
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    started = time.monotonic()
-    cluster = start_cluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=1, memory="1g")
-    print(f"standalone master + 2 workers up in {time.monotonic() - started:.0f} s")
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def _corpus(folder: Path) -> Path:
     """Two sample files: enough for several tasks, communities and reports; few stages' worth of work."""
-    folder = tmp_path_factory.mktemp("corpus")
+    folder.mkdir()
     for name in ("lumen_cells_factory.txt", "seals_report.md"):
         shutil.copy(SAMPLE_CORPUS / name, folder / name)
     return folder
@@ -74,8 +63,8 @@ def _command(cluster, archive, tmp: Path, script: str, args: list[str], **kwargs
 
 
 def _submit(cluster, archive, tmp: Path, script: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(_command(cluster, archive, tmp, script, args, **kwargs), capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S, env=submit_env(_driver_env()), cwd=REPO)
+    return run_process(_command(cluster, archive, tmp, script, args, **kwargs), timeout=JOB_TIMEOUT_S,
+                       env=submit_env(_driver_env()), cwd=REPO)
 
 
 def _alive(pid: int) -> bool:
@@ -90,8 +79,8 @@ def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], ser
     stage running), SIGKILL one executor JVM, as a lost node would. Returns the finished job and the killed pid."""
     stdout, stderr = tmp / "index.out", tmp / "index.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
-        job = subprocess.Popen(_command(cluster, archive, tmp, "index.py", args), stdout=out, stderr=err,
-                               env=submit_env(_driver_env()), cwd=REPO)
+        job = track(subprocess.Popen(_command(cluster, archive, tmp, "index.py", args), stdout=out, stderr=err,
+                                     env=submit_env(_driver_env()), cwd=REPO, start_new_session=True))
         killed = None
         deadline = time.monotonic() + JOB_TIMEOUT_S
         try:
@@ -112,47 +101,85 @@ def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], ser
     return subprocess.CompletedProcess(job.args, job.returncode, stdout.read_text(), stderr.read_text()), killed
 
 
-def test_standalone_refuses_cluster_deploy_mode_for_python(cluster, tmp_path):
+@dataclass
+class ClusterRun:
+    """What the jobs on the cluster did, for the tests to check."""
+    cluster: StandaloneCluster
+    tmp: Path
+    refused: subprocess.CompletedProcess
+    index: subprocess.CompletedProcess
+    query: subprocess.CompletedProcess
+    killed: int | None
+    executors: list[SeenProcess]
+    python_workers: list[SeenProcess]
+    stats: dict
+    seconds: dict[str, float]
+
+
+def EARLY_JOB(tmp: Path) -> ClusterRun:
+    """Everything on the cluster, once, while other tests run (see conftest): the archive, a master and
+    two workers, a cluster-mode submit, then the LLM index job (an executor killed mid-reports) and a
+    global query, both through spark-submit in client mode."""
+    seconds, started = {}, time.monotonic()
+
+    def lap(what: str) -> None:
+        nonlocal started
+        seconds[what], started = round(time.monotonic() - started), time.monotonic()
+
+    archive = _pack_env(tmp)
+    lap("pack_env.sh")
+    cluster = start_cluster(tmp / "standalone", workers=2, cores=1, memory="1g")
+    lap("master + 2 workers up")
+    try:
+        (tmp / "events").mkdir()
+        refused = _submit(cluster, tmp / "unused.tar.gz", tmp, "index.py", ["--help"], deploy_mode="cluster")
+        # Every call without the key is a 401. At most two calls in flight job-wide, each taking 0.5 s: the report
+        # stage lasts long enough to lose an executor in it, and a lost task can have at most two calls in flight.
+        with start_server(api_key=SECRET, latency_s=0.5) as server:
+            settings = [f"storage.root={tmp / 'index'}", f"input.path={_corpus(tmp / 'corpus')}", "chunking.size=200",
+                        "chunking.overlap=20", "extraction.method=llm", "extraction.max_gleanings=0",
+                        "embeddings.provider=openai", f"llm.chat.api_base={server.base_url}",
+                        f"llm.chat.api_key_env={KEY_ENV}", "llm.chat.model=local-model",
+                        f"llm.embedding.api_base={server.base_url}", f"llm.embedding.api_key_env={KEY_ENV}",
+                        "llm.max_in_flight=2"]
+            set_args = [arg for setting in settings for arg in ("--set", setting)]
+            lap("cluster deploy mode refused")
+            with ProcessWatch() as watch:
+                index, killed = _index_killing_an_executor(cluster, archive, tmp,
+                                                           ["--config", "conf/local.yaml", *set_args], server, watch)
+            lap("index job")
+            query = _submit(cluster, archive, tmp, "query.py",
+                            ["--config", "conf/local.yaml", *set_args, "--method", "global", "--level", "0",
+                             "What does the Lumen Cells factory make?"])
+            lap("query job")
+            stats = server.stats()
+    finally:
+        cluster.stop()
+    return ClusterRun(cluster, tmp, refused, index, query, killed, *watch.of_cluster(cluster), stats, seconds)
+
+
+@pytest.fixture(scope="module")
+def run(early_result) -> ClusterRun:
+    return early_result
+
+
+def test_standalone_refuses_cluster_deploy_mode_for_python(run):
     """Only client mode exists for Python on a standalone master (YARN and Kubernetes have cluster mode)."""
-    (tmp_path / "events").mkdir()
-    proc = _submit(cluster, tmp_path / "unused.tar.gz", tmp_path, "index.py", ["--help"], deploy_mode="cluster")
-    assert proc.returncode != 0
-    assert "Cluster deploy mode is currently not supported for python applications on standalone clusters" in proc.stderr
+    assert run.refused.returncode != 0
+    assert "Cluster deploy mode is currently not supported for python applications on standalone clusters" in run.refused.stderr
 
 
-def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_environment(
-        cluster, env_archive, corpus, tmp_path, request):
-    events = tmp_path / "events"
-    events.mkdir()
-    root = tmp_path / "index"
-    # Every call without the key is a 401. At most two calls in flight job-wide, each taking 0.5 s: the report
-    # stage lasts long enough to lose an executor in it, and a lost task can have at most two calls in flight.
-    with start_server(api_key=SECRET, latency_s=0.5) as server:
-        settings = [f"storage.root={root}", f"input.path={corpus}", "chunking.size=200", "chunking.overlap=20",
-                    "extraction.method=llm", "extraction.max_gleanings=0", "embeddings.provider=openai",
-                    f"llm.chat.api_base={server.base_url}", f"llm.chat.api_key_env={KEY_ENV}", "llm.chat.model=local-model",
-                    f"llm.embedding.api_base={server.base_url}", f"llm.embedding.api_key_env={KEY_ENV}",
-                    "llm.max_in_flight=2"]
-        set_args = [arg for setting in settings for arg in ("--set", setting)]
-        started = time.monotonic()
-        with ProcessWatch() as watch:
-            index, killed = _index_killing_an_executor(cluster, env_archive, tmp_path,
-                                                       ["--config", "conf/local.yaml", *set_args], server, watch)
-        index_s = time.monotonic() - started
-        assert index.returncode == 0, index.stderr[-4000:]
-        started = time.monotonic()
-        query = _submit(cluster, env_archive, tmp_path, "query.py",
-                        ["--config", "conf/local.yaml", *set_args, "--method", "global", "--level", "0",
-                         "What does the Lumen Cells factory make?"])
-        query_s = time.monotonic() - started
-        assert query.returncode == 0, query.stderr[-4000:]
-        stats = server.stats()
-    print(f"index job {index_s:.0f} s, query job {query_s:.0f} s on the standalone cluster")
+def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_environment(run, spark):
+    cluster, index, query, killed, stats = run.cluster, run.index, run.query, run.killed, run.stats
+    executors, python_workers = run.executors, run.python_workers
+    root, events = run.tmp / "index", run.tmp / "events"
+    print(f"on the standalone cluster, seconds: {run.seconds}")
+    assert index.returncode == 0, index.stderr[-4000:]
+    assert query.returncode == 0, query.stderr[-4000:]
 
     # The executors were the cluster's, and their Python came from the archive: the interpreter ./env/bin/python
     # in each executor's work dir, Spark's own pyspark.zip, nothing of the driver's venv or the repository.
     work_dirs = [str(d) for d in cluster.work_dirs]
-    executors, python_workers = watch.of_cluster(cluster)
     assert len({p.cwd for p in executors}) >= 2, "the job ran in the cluster's two executors"
     # Executor loss: one was killed during the report stage, the master launched a replacement, the job finished.
     assert killed is not None and not _alive(killed), "an executor was killed mid-stage"
@@ -191,7 +218,6 @@ def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_envir
     assert SECRET not in index.stdout + index.stderr + query.stdout + query.stderr
 
     # What the user gets: an LLM-built index and an answer from it.
-    spark = request.getfixturevalue("spark")
     count = lambda name: spark.read.format("delta").load(str(root / name)).count()  # noqa: E731
     assert count("text_units") >= 3 and count("entities") > 5 and count("relationships") > 0
     results = spark.read.format("delta").load(str(root / "llm_results"))
