@@ -146,9 +146,10 @@ class ConsoleProgress:
         self._every_s = 0.5 if self._tty else every_s
         self._tracker = None if is_connect(spark) else spark.sparkContext.statusTracker()
         self._lock = threading.Lock()
-        self._stage: str | None = None
-        self._stage_started = 0.0
-        self._meter: LlmMeter | None = None
+        # The stages running now (the index runs independent stages at once), each with its start
+        # and LLM meter; a meter belongs to the stage of the thread that opened it.
+        self._stages: dict[str, list] = {}
+        self._thread_stage = threading.local()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="graphrag-progress", daemon=True)
         self._width = 0
@@ -171,15 +172,21 @@ class ConsoleProgress:
                 total += info.numTasks
         return done, total
 
-    def _line(self) -> str | None:
+    def _stage_line(self, name: str, tasks: tuple[int, int] | None) -> str:
+        started, meter = self._stages[name]
+        now = time.perf_counter()
+        label = name if meter is None or meter.stage == name else f"{name}: {meter.stage}"
+        return format_line(label, now - started, tasks, meter.counts() if meter else None,
+                           now - meter.started if meter else None)
+
+    def _line(self, only: str | None = None) -> str | None:
+        """One stage's line (``only``), or the running stages' lines side by side (Spark's tasks on the first)."""
         with self._lock:
-            if self._stage is None:
+            names = [only] if only is not None else list(self._stages)
+            if not names or names[0] not in self._stages:
                 return None
-            meter = self._meter
-            now = time.perf_counter()
-            label = self._stage if meter is None or meter.stage == self._stage else f"{self._stage}: {meter.stage}"
-            return format_line(label, now - self._stage_started, self._tasks(),
-                               meter.counts() if meter else None, now - meter.started if meter else None)
+            tasks = self._tasks()
+            return "  |  ".join(self._stage_line(name, tasks if i == 0 else None) for i, name in enumerate(names))
 
     def _write(self, line: str, final: bool) -> None:
         if self._tty:
@@ -199,15 +206,17 @@ class ConsoleProgress:
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         with self._lock:
-            self._stage, self._stage_started, self._meter = name, time.perf_counter(), None
+            self._stages[name] = [time.perf_counter(), None]
+        self._thread_stage.name = name
         succeeded = False
         try:
             yield
             succeeded = True
         finally:
-            line = self._line()
+            line = self._line(name)
             with self._lock:
-                self._stage, self._meter = None, None
+                del self._stages[name]
+            self._thread_stage.name = None
             if line is not None and succeeded:
                 self._write(line.replace("]", "] done", 1), final=True)
             elif self._tty and self._width:
@@ -218,7 +227,9 @@ class ConsoleProgress:
 
     def track(self, meter: LlmMeter) -> None:
         with self._lock:
-            self._meter = meter
+            name = getattr(self._thread_stage, "name", None) or next(reversed(self._stages), None)
+            if name in self._stages:
+                self._stages[name][1] = meter
 
 
 _active: ConsoleProgress | None = None

@@ -31,6 +31,9 @@ CLUSTER_DEFAULTS = {
     # Speculative copies of an LLM task would pay for the same calls twice.
     "spark.speculation": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Index stages that do not depend on each other run at once, each in a pool of its own
+    # (index/pipeline.py): FAIR shares the cores between their jobs instead of queueing them.
+    "spark.scheduler.mode": "FAIR",
     "spark.sql.adaptive.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
     # One BLAS thread per Python worker: Spark already runs one worker per core.

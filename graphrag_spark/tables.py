@@ -293,8 +293,9 @@ class TableStore:
     def read_or_empty(self, name: str) -> DataFrame:
         return self.read(name) if self.exists(name) else self.spark.createDataFrame([], SCHEMAS[name])
 
-    def write(self, df: DataFrame, name: str, mode: str = "overwrite") -> None:
-        """Write with the declared schema (column order and types enforced here, once)."""
+    def write(self, df: DataFrame, name: str, mode: str = "overwrite") -> int:
+        """Write with the declared schema (column order and types enforced here, once); returns the
+        number of rows written (with ``overwrite``: the table's rows), from the commit's metrics."""
         if name in SCHEMAS:
             schema = SCHEMAS[name]
             df = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
@@ -308,17 +309,27 @@ class TableStore:
             writer.saveAsTable(self.location(name))
         else:
             writer.save(self.location(name))
+        return self.rows_written(name, df)
+
+    def rows_written(self, name: str, df: DataFrame | None = None) -> int:
+        """The rows the table's last commit wrote, read from its history: a count of the table just
+        written without a Spark job over it. Where the commit has no metrics, ``df`` (or the table) is counted."""
+        last = self.spark.sql(f"DESCRIBE HISTORY {self.sql_name(name)} LIMIT 1").collect()[0]
+        written = (last["operationMetrics"] or {}).get("numOutputRows")
+        if written is not None:
+            return int(written)
+        return (df if df is not None else self.read(name)).count()
 
     def version(self, name: str) -> int:
         """The latest Delta version of a table."""
         return int(self.spark.sql(f"DESCRIBE HISTORY {self.sql_name(name)} LIMIT 1").collect()[0]["version"])
 
-    def merge(self, df: DataFrame, name: str, key: str = "id") -> None:
+    def merge(self, df: DataFrame, name: str, key: str = "id") -> int:
         """Make the table equal to ``df`` with one MERGE: rows with a new key are inserted, rows whose
-        values changed updated, rows whose key is gone deleted; unchanged rows are not rewritten."""
+        values changed updated, rows whose key is gone deleted; unchanged rows are not rewritten.
+        Returns the table's rows."""
         if not self.exists(name):
-            self.write(df, name)
-            return
+            return self.write(df, name)
         schema = SCHEMAS[name]
         source = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
         view = f"merge_source_{name}"
@@ -328,6 +339,7 @@ class TableStore:
                        f"WHEN MATCHED AND ({changed}) THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
                        f"WHEN NOT MATCHED BY SOURCE THEN DELETE")
         self.spark.catalog.dropTempView(view)
+        return self.read(name).count()
 
     def update_columns(self, df: DataFrame, name: str, columns: list[str], key: str = "id") -> None:
         """MERGE ``columns`` of the rows ``df`` names (by ``key``) into the table; other rows are untouched."""

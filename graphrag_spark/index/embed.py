@@ -99,33 +99,37 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
 
 
-def _embedding_inputs(store: T.TableStore) -> dict[str, DataFrame]:
+EMBEDDED = (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
+
+
+def embedding_input(store: T.TableStore, name: str) -> DataFrame:
+    """The ``(id, text)`` rows the embeddings table ``name`` holds vectors of."""
+    if name == T.TEXT_UNIT_EMBEDDINGS:
+        return store.read(T.TEXT_UNITS).select("id", "text")
     # An entity is matched on "TITLE: description" (concat_ws skips a missing description).
     entity_text = F.concat_ws(": ", "title", F.when(F.col("description") != "", F.col("description")))
-    return {
-        T.TEXT_UNIT_EMBEDDINGS: store.read(T.TEXT_UNITS).select("id", "text"),
-        T.ENTITY_EMBEDDINGS: store.read(T.ENTITIES).select("id", entity_text.alias("text")),
-    }
+    return store.read(T.ENTITIES).select("id", entity_text.alias("text"))
 
 
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
     """(id, vector, model_name) rows of the last run whose text is unchanged and whose vector exists."""
     if not previous.exists(name):
         return current.sparkSession.createDataFrame([], T.SCHEMAS[name])
-    unchanged = current.join(_embedding_inputs(previous)[name], ["id", "text"], "left_semi").select("id")
+    unchanged = current.join(embedding_input(previous, name), ["id", "text"], "left_semi").select("id")
     return (previous.read(name).where(F.col("vector").isNotNull() & (F.col("model_name") == model_name))
             .join(unchanged, "id", "left_semi"))
 
 
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
-                     previous: T.TableStore | None = None) -> dict[str, int]:
-    """Write ``text_unit_embeddings`` and ``entity_embeddings``; returns counts for the run summary.
+                     previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED) -> dict[str, int]:
+    """Write the embeddings tables ``names`` (both by default); returns counts for the run summary.
 
     With ``previous`` (the last run's tables) a row whose text did not change keeps its vector:
     only new or changed texts (and earlier failures) are embedded."""
     counts: dict[str, int] = {}
     failures = []
-    for name, frame in _embedding_inputs(store).items():
+    for name in names:
+        frame = embedding_input(store, name)
         rows = frame.count()
         kept = _reusable(name, frame, previous, embedding_model_name(cfg)) if previous is not None else None
         if kept is not None:  # read as of the last run's version: still readable after the overwrite

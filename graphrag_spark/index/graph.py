@@ -183,7 +183,13 @@ def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1
 def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphConfig,
                         text_units: DataFrame | None = None) -> DataFrame:
     """Undirected weighted edges between existing entity titles (without degree columns);
-    ``descriptions`` as for ``build_entities``.
+    ``descriptions`` as for ``build_entities``."""
+    return between_entities(candidate_relationships(instances, cfg, text_units), entities)
+
+
+def candidate_relationships(instances: DataFrame, cfg: GraphConfig, text_units: DataFrame | None = None) -> DataFrame:
+    """Every undirected weighted edge the instances name, whether or not its endpoints are entities.
+    Fewer rows than these in ``between_entities``: the edges ``dropped_relationships`` counts.
 
     One pass over the instances: aggregated per (edge, description), then per edge.
     """
@@ -200,7 +206,11 @@ def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphCon
         F.sum("weight").cast("double").alias("weight"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
         _ordered_descriptions(F.col("n"), F.col("position")).alias("descriptions"))
-    edges = _with_description_budget(edges, cfg.max_description_tokens)
+    return _with_description_budget(edges, cfg.max_description_tokens)
+
+
+def between_entities(edges: DataFrame, entities: DataFrame) -> DataFrame:
+    """The ``candidate_relationships`` whose endpoints are both entity titles, with their ids."""
     # Unknown endpoints are dropped after the aggregation (the same edges, fewer rows to shuffle);
     # target first, so the edges leave partitioned by source, as ``add_degrees`` joins them.
     titles = entities.select("title")
@@ -233,14 +243,10 @@ def dropped_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphC
     """Edges (distinct undirected pairs of name keys) that ``build_relationships`` drops because an
     endpoint is not an entity: the model named it only in a relationship, or (offline method) the
     phrase was pruned as too rare. Counted for the run summary rather than kept as stub entities:
-    a stub has no type and no description to summarise, and would bring back the pruned phrases."""
-    keyed = (_with_name_keys(instances.select("source", "target"), {"a": "source", "b": "target"}, cfg.name_matching)
-             .where(F.col("a") != F.col("b"))
-             .select(F.least("a", "b").alias("source"), F.greatest("a", "b").alias("target")).distinct())
-    titles = entities.select("title")
-    unknown = (keyed.join(titles.withColumnRenamed("title", "source"), "source", "left_anti")
-               .unionByName(keyed.join(titles.withColumnRenamed("title", "target"), "target", "left_anti")))
-    return unknown.distinct().count()
+    a stub has no type and no description to summarise, and would bring back the pruned phrases.
+    (The pipeline takes the same difference from frames it has at hand.)"""
+    candidates = candidate_relationships(instances, cfg)
+    return candidates.count() - between_entities(candidates, entities).count()
 
 
 def key_claims(claims: DataFrame, cfg: GraphConfig) -> DataFrame:

@@ -5,11 +5,18 @@ through tables. ``STAGES`` declares, per stage, its inputs, its outputs and its 
 contract: what a refresh (a run on a root that already holds a published index) recomputes and
 what it keeps from the published run. A run holds the root's lock and publishes its tables in
 one ``index_runs`` row at the end; until then readers keep seeing the previous run (runs.py).
+
+Stages that do not depend on each other run at the same time (``run_stages``): a stage starts as
+soon as the stages it comes ``after`` are done, in a driver thread of its own, with its Spark jobs
+in a fair-scheduler pool of its own. Text-unit embeddings run while entities are extracted, and the
+communities while descriptions are summarized. No two concurrent stages write the same table, so
+the tables are those of the sequential order, and every LLM result is committed per item as before.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -20,6 +27,7 @@ from pyspark.sql import functions as F
 
 from graphrag_spark import progress
 from graphrag_spark import tables as T
+from graphrag_spark.compat import is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
@@ -43,6 +51,7 @@ class RunSummary:
     usage: list[StageUsage] = field(default_factory=list)
     run_id: str = ""
     mode: str = "full"
+    wall_s: float | None = None  # the stages' wall time: less than their sum where they overlapped
 
     @contextmanager
     def stage(self, name: str):
@@ -57,6 +66,8 @@ class RunSummary:
         lines += ["", "Wall time per stage (s)"]
         lines += [f"{key:<28} {value}" for key, value in self.seconds.items()]
         lines.append(f"{'total':<28} {round(sum(self.seconds.values()), 2)}")
+        if self.wall_s is not None:
+            lines.append(f"{'wall (stages overlap)':<28} {self.wall_s}")
         if self.usage:
             lines += ["", "LLM usage (this run)"] + [u.render() for u in self.usage]
             cost = sum(u.est_cost_usd for u in self.usage)
@@ -79,6 +90,7 @@ class Run:
     diff: DocumentDiff | None = None
     source_version: int | None = None
     changed: dict[str, DataFrame] = field(default_factory=dict)
+    counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -97,6 +109,8 @@ class Stage:
     incremental: str  # what a refresh recomputes and what it keeps
     run: Callable[[Run], None]
     applies: Callable[[Config], bool] = lambda cfg: True
+    # The stages this one waits for; None: every earlier stage that writes one of its inputs.
+    after: tuple[str, ...] | None = None
 
 
 def _new_ids(current: DataFrame, before: DataFrame | None) -> DataFrame:
@@ -121,8 +135,7 @@ def documents_stage(run: Run) -> None:
     before = run.before(T.DOCUMENTS)
     documents, rejects, counts = read_documents(run, before)
     store.write(rejects, T.INPUT_REJECTS)
-    store.write(documents, T.DOCUMENTS)
-    n_documents = store.read(T.DOCUMENTS).count()
+    n_documents = store.write(documents, T.DOCUMENTS)
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
     if n_documents == 0:
@@ -150,9 +163,9 @@ def text_units_stage(run: Run) -> None:
     documents = store.read(T.DOCUMENTS)
     todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
     kept = _kept_rows(before, "document_id", documents)
-    store.write(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
+    n_units = store.write(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
     run.changed[T.TEXT_UNITS] = _new_ids(store.read(T.TEXT_UNITS), before)
-    run.summary.counts["text units"] = store.read(T.TEXT_UNITS).count()
+    run.summary.counts["text units"] = n_units
 
 
 def extraction_stage(run: Run) -> None:
@@ -172,16 +185,17 @@ def extraction_stage(run: Run) -> None:
     # The instances and claims of units that are gone are retracted; the others are kept as extracted.
     kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
             for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
-    store.write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
-    store.write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances), T.RELATIONSHIP_INSTANCES)
+    n_entity_instances = store.write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
+    n_relationship_instances = store.write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
+                                           T.RELATIONSHIP_INSTANCES)
     if nlp_instances is not None:
         nlp_instances.unpersist()
     kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
     claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
     all_claims = _union(kept_claims, claims.drop("human_readable_id"))
-    store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
-    run.summary.counts["entity instances"] = store.read(T.ENTITY_INSTANCES).count()
-    run.summary.counts["relationship instances"] = store.read(T.RELATIONSHIP_INSTANCES).count()
+    run.counted[T.CLAIMS] = store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
+    run.summary.counts["entity instances"] = n_entity_instances
+    run.summary.counts["relationship instances"] = n_relationship_instances
 
 
 def _carry_descriptions(current: DataFrame, before: DataFrame | None) -> DataFrame:
@@ -198,24 +212,27 @@ def graph_stage(run: Run) -> None:
     min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
     text_units = store.read(T.TEXT_UNITS)
     nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
-    # Persisted too: the degrees, the entities and the relationships written all read the edges.
-    edges = graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph, text_units).persist()
+    # Persisted too: the degrees, the entities and the relationships written all read the edges, and
+    # the candidates' count is the dropped edges' (the instances are keyed once, not again to count).
+    candidates = graph.candidate_relationships(store.read(T.RELATIONSHIP_INSTANCES), cfg.graph, text_units).persist()
+    edges = graph.between_entities(candidates, nodes).persist()
     entities, relationships = graph.add_degrees(nodes, edges, resolve_backend(run.spark, cfg.graph.backend))
+    rows = {}
     for name, frame in ((T.ENTITIES, entities), (T.RELATIONSHIPS, relationships)):
         before = run.before(name)
         if before is not None:  # published numbers kept; new elements numbered after them, in rank order
             frame = keep_numbers(frame.withColumnRenamed("human_readable_id", "_rank"), before, ["_rank"]).drop("_rank")
-        store.merge(_carry_descriptions(frame, before), name)
+        rows[name] = store.merge(_carry_descriptions(frame, before), name)
         # Elements whose instance set changed: the only ones the summary stage looks at.
         current = store.read(name).select("id", "text_unit_ids")
         run.changed[name] = (current if before is None else
                              current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti"))
-    run.summary.counts["relationships dropped (endpoint not an entity)"] = graph.dropped_relationships(
-        store.read(T.RELATIONSHIP_INSTANCES), nodes, cfg.graph)
-    nodes.unpersist()  # the persisted frames, not add_degrees' results
-    edges.unpersist()
-    for name, label in ((T.ENTITIES, "entities"), (T.RELATIONSHIPS, "relationships"), (T.CLAIMS, "claims")):
-        run.summary.counts[label] = store.read(name).count()
+    run.summary.counts["relationships dropped (endpoint not an entity)"] = candidates.count() - rows[T.RELATIONSHIPS]
+    for frame in (nodes, candidates, edges):  # the persisted frames, not add_degrees' results
+        frame.unpersist()
+    run.summary.counts["entities"] = rows[T.ENTITIES]
+    run.summary.counts["relationships"] = rows[T.RELATIONSHIPS]
+    run.summary.counts["claims"] = run.counted[T.CLAIMS] if T.CLAIMS in run.counted else store.read(T.CLAIMS).count()
     # No edge: in no community (Leiden partitions the edge graph), so in no report; kept in the
     # entities table and its embeddings, so local search still finds them.
     run.summary.counts["isolated entities (no relationship)"] = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
@@ -245,8 +262,12 @@ def reports_stage(run: Run) -> None:
     build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary)
 
 
-def embeddings_stage(run: Run) -> None:
-    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous))
+def text_unit_embeddings_stage(run: Run) -> None:
+    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.TEXT_UNIT_EMBEDDINGS,)))
+
+
+def entity_embeddings_stage(run: Run) -> None:
+    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,)))
 
 
 def _llm_summaries(cfg: Config) -> bool:
@@ -263,20 +284,23 @@ STAGES: tuple[Stage, ...] = (
     Stage("extraction", (T.TEXT_UNITS,), (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS),
           "extract only new units; retract the instances and claims of units that are gone; claims keep their numbers",
           extraction_stage),
+    Stage("text_unit_embeddings", (T.TEXT_UNITS,), (T.TEXT_UNIT_EMBEDDINGS,),
+          "embed only new or changed text units; the others keep their vectors", text_unit_embeddings_stage),
     Stage("graph", (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES), (T.ENTITIES, T.RELATIONSHIPS),
           "aggregate all instances in SQL, MERGE by id; an element whose text units did not change keeps its "
           "description; numbers kept, new elements numbered after the largest", graph_stage),
     Stage("summarize_descriptions", (T.ENTITIES, T.RELATIONSHIPS), (T.ENTITIES, T.RELATIONSHIPS),
           "summarize only elements whose instance set changed (a MERGE of their descriptions)", summarize_stage,
           _llm_summaries),
+    # After the graph only: the communities read no description, the one thing summaries change.
     Stage("communities", (T.ENTITIES, T.RELATIONSHIPS), (T.COMMUNITIES,),
           "Leiden seeded with the published level-0 partition; a published community whose edges did not change "
-          "is kept whole; ids from members, numbers kept", communities_stage),
+          "is kept whole; ids from members, numbers kept", communities_stage, after=("graph",)),
     Stage("community_reports", (T.COMMUNITIES, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS), (T.COMMUNITY_REPORTS,),
           "bottom-up; a context already reported is a cache hit, so only changed contexts are paid for",
           reports_stage),
-    Stage("embeddings", (T.TEXT_UNITS, T.ENTITIES), (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS),
-          "embed only new or changed texts; the others keep their vectors", embeddings_stage),
+    Stage("entity_embeddings", (T.ENTITIES,), (T.ENTITY_EMBEDDINGS,),
+          "embed only new or changed descriptions; the others keep their vectors", entity_embeddings_stage),
 )
 
 
@@ -330,18 +354,82 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     return summary
 
 
+def stage_predecessors(stages: tuple[Stage, ...]) -> dict[str, set[str]]:
+    """Per stage, the stages it waits for: its declared ``after``, else every earlier stage that
+    writes one of its inputs (each stage reads its inputs only once those writers are done)."""
+    names = {stage.name for stage in stages}
+    return {stage.name: ({name for name in stage.after if name in names} if stage.after is not None else
+                         {earlier.name for earlier in stages[:i] if set(earlier.outputs) & set(stage.inputs)})
+            for i, stage in enumerate(stages)}
+
+
+def run_stages(stages: tuple[Stage, ...], start: Callable[[Stage], None],
+               stop_after: Callable[[Stage], bool] = lambda stage: False,
+               interrupted: Callable[[], None] = lambda: None) -> bool:
+    """Run every stage, each as soon as its predecessors are done, the ready ones at the same time
+    in threads of their own, in table order. After a stage fails no other one starts; the running
+    ones finish (what they paid for is committed), then the first failure is raised. Returns False
+    where ``stop_after`` a finished stage said to start nothing more. ``interrupted`` runs when the
+    driver itself is interrupted while stages run (Ctrl-C)."""
+    waiting = stage_predecessors(stages)
+    by_name = {stage.name: stage for stage in stages}
+    done: set[str] = set()
+    running: dict[Future, Stage] = {}
+    failure: BaseException | None = None
+    stopped = False
+    with ThreadPoolExecutor(max_workers=len(stages) or 1, thread_name_prefix="index-stage") as pool:
+        try:
+            while True:
+                if failure is None and not stopped:
+                    started = set(done) | {stage.name for stage in running.values()}
+                    for name, needs in waiting.items():
+                        if name not in started and needs <= done:
+                            running[pool.submit(start, by_name[name])] = by_name[name]
+                if not running:
+                    return not stopped
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=lambda f: stages.index(running[f])):
+                    stage = running.pop(future)
+                    if future.exception() is not None:
+                        failure = failure or future.exception()
+                    else:
+                        done.add(stage.name)
+                        stopped = stopped or stop_after(stage)
+                if failure is not None and not running:
+                    raise failure
+        except BaseException as exc:
+            if exc is not failure:
+                interrupted()
+            raise
+
+
 def _run_stages(run: Run, published) -> dict[str, int]:
-    """Every applicable stage, in order; returns the table versions to publish."""
-    for stage in STAGES:
-        if not stage.applies(run.cfg):
-            continue
+    """Every applicable stage, overlapping where they are independent; returns the table versions to publish."""
+    stages = tuple(stage for stage in STAGES if stage.applies(run.cfg))
+    pools = not is_connect(run.spark)
+
+    def start(stage: Stage) -> None:
+        if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
+            run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
         with run.summary.stage(stage.name):
             stage.run(run)
-        if stage.name == "documents" and run.diff is not None and run.diff.empty:
-            # The published content again: nothing downstream can change (0 calls). The other tables
-            # stay published as they are, whatever a failed run may have written since.
-            run.summary.counts["nothing changed"] = "published tables kept"
-            return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in stage.outputs}}
+
+    def nothing_changed(stage: Stage) -> bool:
+        # The published content again: nothing downstream can change (0 calls).
+        return stage.name == "documents" and run.diff is not None and run.diff.empty
+
+    def cancel() -> None:  # the running stages' threads cannot be stopped, their jobs can
+        if pools:
+            run.spark.sparkContext.cancelAllJobs()
+
+    started = time.perf_counter()
+    finished = run_stages(stages, start, nothing_changed, cancel)
+    run.summary.wall_s = round(time.perf_counter() - started, 2)
+    if not finished:
+        # The other tables stay published as they are, whatever a failed run may have written since.
+        run.summary.counts["nothing changed"] = "published tables kept"
+        documents = next(stage for stage in stages if stage.name == "documents")
+        return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in documents.outputs}}
     return runs.current_versions(run.store)
 
 

@@ -68,12 +68,12 @@ def prune_results(store: T.TableStore, retention_days: float) -> int:
 
 def prune_embeddings(store: T.TableStore, retention_days: float) -> int:
     """Delete cached vectors of texts the index no longer embeds (older than the retention)."""
-    from graphrag_spark.index.embed import _embedding_inputs, text_hash
+    from graphrag_spark.index.embed import EMBEDDED, embedding_input, text_hash
 
     if not store.exists(T.EMBEDDING_CACHE):
         return 0
     cutoff = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=retention_days)
-    inputs = list(_embedding_inputs(store).values())
+    inputs = [embedding_input(store, name) for name in EMBEDDED]
     used = inputs[0].unionByName(inputs[1]).select(text_hash(F.col("text")).alias("text_hash"))
     obsolete = (store.read(T.EMBEDDING_CACHE).where(F.col("created_at") < F.lit(cutoff)).select("text_hash")
                 .join(used, "text_hash", "left_anti").distinct())

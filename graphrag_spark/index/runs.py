@@ -72,12 +72,17 @@ class IndexLock:
         self._heartbeat: threading.Thread | None = None
 
     # -------------------------------------------------------------- taking
-    def _ensure_table(self) -> None:
+    def _create_taken(self) -> bool:
+        """On a root without a lock table: create it already held by this run (one commit, no read).
+        Creating a Delta table is itself a compare-and-swap: of two jobs creating it, one commit wins,
+        and the other finds the table and takes the lock as usual. True if this run created it."""
         if self.store.exists(T.INDEX_LOCK):
-            return
-        free = self.store.spark.createDataFrame([Row(lock=LOCK_KEY, run_id=None, job=None, host=None, pid=None,
-                                                     acquired_at=None, heartbeat_at=None)], T.SCHEMAS[T.INDEX_LOCK])
-        writer = free.write.format("delta").mode("error")  # Spark Connect knows only this spelling
+            return False
+        taken = self.store.spark.createDataFrame(
+            [Row(lock=LOCK_KEY, run_id=self.run_id, job=self.job, host=socket.gethostname(), pid=os.getpid(),
+                 acquired_at=None, heartbeat_at=None)], T.SCHEMAS[T.INDEX_LOCK]
+        ).withColumn("acquired_at", F.current_timestamp()).withColumn("heartbeat_at", F.current_timestamp())
+        writer = taken.write.format("delta").mode("error")  # Spark Connect knows only this spelling
         try:
             if self.store.storage.database:
                 writer.saveAsTable(self.store.location(T.INDEX_LOCK))
@@ -86,6 +91,8 @@ class IndexLock:
         except Exception as exc:  # noqa: BLE001 - another job created it first: its version 0 won
             if not (_is_conflict(exc) or self.store.exists(T.INDEX_LOCK)):
                 raise
+            return False
+        return True
 
     def holder(self) -> Row | None:
         """The current holder with ``age_s`` (seconds since its heartbeat), or None if the lock is free."""
@@ -109,11 +116,13 @@ class IndexLock:
             # Compare-and-swap: only if the row still names the holder we saw; Delta rejects the second
             # of two concurrent rewrites of the row. An UPDATE, not a MERGE: Delta logs every failed
             # MERGE at ERROR with a stack trace, which the losing job would print before its one sentence.
-            self.store.spark.sql(
+            updated = self.store.spark.sql(
                 f"UPDATE {self.store.sql_name(T.INDEX_LOCK)} SET run_id = {_sql_string(self.run_id)}, "
                 f"job = {_sql_string(self.job)}, host = {_sql_string(socket.gethostname())}, pid = {os.getpid()}, "
                 "acquired_at = current_timestamp(), heartbeat_at = current_timestamp() "
-                f"WHERE lock = '{LOCK_KEY}' AND run_id {expected}")
+                f"WHERE lock = '{LOCK_KEY}' AND run_id {expected}").collect()
+            if updated and updated[0][0] == 1:  # num_affected_rows: the row named whom we saw, and is ours now
+                return True, None
         except Exception as exc:  # noqa: BLE001
             if not _is_conflict(exc):
                 raise
@@ -122,9 +131,9 @@ class IndexLock:
         return taken, None if taken else holder
 
     def acquire(self) -> None:
-        self._ensure_table()
         deadline = time.monotonic() + self.cfg.lock_wait_s
-        while True:
+        taken = self._create_taken()
+        while not taken:
             taken, holder = self._try_take()
             if taken:
                 break
