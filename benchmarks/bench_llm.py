@@ -162,8 +162,8 @@ def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, glea
         warm_calls = server.stats()["served"]
     idle, idle_by_stage = dead_time(calls, begin, end, stages, min_gap_s=max(1.0, latency / 2))
     chat, embeddings = stats["served"]["chat"], stats["served"]["embeddings"]
-    llm_stages = {"extraction", "summarize_descriptions", "community_reports", "embeddings"}
-    chat_stages = llm_stages - {"embeddings"}  # the chat model's limit is the one to fill
+    llm_stages = {"extraction", "summarize_descriptions", "community_reports", "text_unit_embeddings", "entity_embeddings"}
+    chat_stages = llm_stages - {"text_unit_embeddings", "entity_embeddings"}  # the chat model's limit is the one to fill
     non_llm_s = sum(s for name, s in summary.seconds.items() if name not in llm_stages)
     # Inside the LLM stages: from each stage's first call sent to its last answer (what the rate limit
     # can see), and over the stages' whole wall time (their Spark work before and after the calls too).
