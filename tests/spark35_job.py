@@ -43,6 +43,7 @@ def main(argv: list[str]) -> None:
 
     cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={args.root}", f"input.path={args.input}",
                                                      f"spark.ivy_cache={args.ivy_cache}", "spark.shuffle_partitions=2"])
+    cfg.spark.conf["spark.ui.enabled"] = "false"  # as the test session: the UI only costs time here
     spark = build_spark(cfg.spark)
     summary = run_index(spark, cfg)
     verdict = {"pyspark": pyspark.__version__, "spark": spark.version,
