@@ -92,6 +92,10 @@ class ExtractionConfig(_Section):
         default_factory=lambda: ["organization", "person", "geo", "event"], description="Entity types named in the extraction prompt."
     )
     max_gleanings: int = Field(1, ge=0, description="Self-reflection rounds after the first extraction (paper: 0-1).")
+    gleaning_check: Literal["between", "before_each"] = Field(
+        "between", description="Where the yes/no \"were entities missed?\" call goes. `between` (microsoft/graphrag's order): "
+        "glean, then ask only before a further gleaning, never after the last, so max_gleanings=1 pays 2 calls per chunk, "
+        "not up to 3; `before_each` (the paper's order): ask before every gleaning and glean only on Y.")
     claims: bool = Field(False, description="Also run the claims (covariates) prompt.")
     claim_description: str = Field(
         "Any claims or facts that could be relevant to information discovery.", description="What counts as a claim."

@@ -111,7 +111,8 @@ def _served(server) -> int:
 
 def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index):
     cfg, dry, summary, stats = llm_index.cfg, llm_index.dry, llm_index.summary, llm_index.stats
-    assert dry["extraction calls (at most)"] == dry["chunks to extract"] * (1 + 2 * cfg.extraction.max_gleanings + 1)
+    assert cfg.extraction.max_gleanings == 1 and cfg.extraction.gleaning_check == "between"
+    assert dry["extraction calls (at most)"] == dry["chunks to extract"] * (2 + 1)  # extraction, gleaning, claims
     store = T.TableStore(spark, cfg.storage)
     assert dry["chunks to extract"] == store.read(T.TEXT_UNITS).count()
     assert estimate_extraction(spark, cfg)["chunks to extract"] == 0
@@ -123,10 +124,9 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     usage = {u.stage: u for u in summary.usage}
     extract = usage["extract"]
     assert extract.items == store.read(T.TEXT_UNITS).count() and extract.cache_hits == 0 and extract.failures == 0
-    kinds = stats["by_kind"]  # per chunk: the first pass, one gleaning check, a continuation when it said Y
-    assert kinds["entity_extraction"] == kinds["gleaning_loop_check"] == extract.items
-    assert 0 < kinds["gleaning_continue"] <= extract.items
-    assert extract.calls == extract.items * 2 + kinds["gleaning_continue"]
+    kinds = stats["by_kind"]  # per chunk: the first pass and the one gleaning, no check before it
+    assert kinds["entity_extraction"] == kinds["gleaning_continue"] == extract.items
+    assert kinds.get("gleaning_loop_check", 0) == 0 and extract.calls == extract.items * 2
     assert sum(u.calls for u in summary.usage) == stats["served"]["chat"]
     assert extract.est_cost_usd > 0 and "LLM usage" in summary.render()
     assert extract.latency_p50_s > 0 and extract.queue_p95_s >= 0

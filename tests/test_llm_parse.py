@@ -10,12 +10,14 @@ from graphrag_spark.index.extract_llm import (
     ExtractionPrompts,
     extract_chunk,
     extract_claims,
+    extraction_calls_at_most,
     parse_claims,
     parse_extraction,
     summarize_descriptions,
     yes_no_logit_bias,
 )
 from graphrag_spark.llm.client import CallResult
+from graphrag_spark.prompts import load_prompt
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -207,9 +209,23 @@ def run(client, prompts, **cfg):
     )
 
 
-def test_gleaning_asks_the_check_first_and_gleans_on_y(prompts):
+def test_by_default_a_chunk_gleans_first_and_checks_only_before_a_further_gleaning(prompts):
+    client = ScriptedClient({"extract": [FIRST], "gleaning": [MORE]})
+    result = run(client, prompts, max_gleanings=1)
+    assert [stage for stage, _, _ in client.calls] == ["extract", "gleaning"], "no check before the only gleaning"
+    assert [e["name"] for e in result.entities] == ["NEOCHIP", "QUANTUM SYSTEMS"]
+    assert client.calls[1][1][-2:] == [FIRST, load_prompt("gleaning_continue").text.strip()]
+    client = ScriptedClient({"extract": [FIRST], "gleaning": [MORE], "gleaning_check": ["N"]})
+    run(client, prompts, max_gleanings=3)
+    assert [stage for stage, _, _ in client.calls] == ["extract", "gleaning", "gleaning_check"]
+    assert client.calls[2][1][-2] == MORE  # the check sees the gleaning it follows
+    assert [extraction_calls_at_most(ExtractionConfig(max_gleanings=n, gleaning_check=where))
+            for where in ("between", "before_each") for n in (0, 1, 2)] == [1, 2, 4, 1, 3, 5]
+
+
+def test_the_papers_order_asks_the_check_first_and_gleans_on_y(prompts):
     client = ScriptedClient({"extract": [FIRST], "gleaning_check": ["Y", "N"], "gleaning": [MORE]})
-    result = run(client, prompts, max_gleanings=3)
+    result = run(client, prompts, max_gleanings=3, gleaning_check="before_each")
     assert [stage for stage, _, _ in client.calls] == ["extract", "gleaning_check", "gleaning", "gleaning_check"]
     assert [e["name"] for e in result.entities] == ["NEOCHIP", "QUANTUM SYSTEMS"]
     assert len(result.relationships) == 1 and result.error is None and len(result.calls) == 4
@@ -223,13 +239,13 @@ def test_gleaning_asks_the_check_first_and_gleans_on_y(prompts):
 
 def test_gleaning_stops_when_the_model_says_nothing_is_missing(prompts):
     client = ScriptedClient({"extract": [FIRST], "gleaning_check": ["N"]})
-    result = run(client, prompts, max_gleanings=1)
+    result = run(client, prompts, max_gleanings=1, gleaning_check="before_each")
     assert [stage for stage, _, _ in client.calls] == ["extract", "gleaning_check"]
     assert [e["name"] for e in result.entities] == ["NEOCHIP"]
 
 
 def test_gleaning_rounds_are_capped_and_repeats_are_not_new_instances(prompts):
-    client = ScriptedClient({"extract": [FIRST], "gleaning_check": ["Y", "Y"], "gleaning": [MORE, MORE]})
+    client = ScriptedClient({"extract": [FIRST], "gleaning_check": ["Y"], "gleaning": [MORE, MORE]})
     result = run(client, prompts, max_gleanings=2)
     assert [stage for stage, _, _ in client.calls].count("gleaning") == 2
     assert len(result.entities) == 2 and len(result.relationships) == 1
@@ -242,13 +258,12 @@ def test_a_failed_call_marks_the_chunk_failed(prompts):
     client = ScriptedClient(
         {
             "extract": [FIRST],
-            "gleaning_check": ["Y"],
             "gleaning": [RuntimeError("InternalServerError after 7 attempts")],
         }
     )
     result = run(client, prompts, max_gleanings=1)
     assert result.error == "gleaning: InternalServerError after 7 attempts"
-    assert len(result.calls) == 3
+    assert len(result.calls) == 2
 
 
 def test_claims_prompt_names_the_extracted_entities(prompts):

@@ -8,11 +8,17 @@ Gleanings (paper, section 3.1.2): "we first ask the LLM to assess whether all en
 were extracted, using a logit bias of 100 to force a yes/no decision. If the LLM
 responds that entities were missed, then a continuation indicating that 'MANY entities
 were missed in the last extraction' encourages the LLM to glean these missing
-entities." We follow that order: after the first extraction, each of up to
-``max_gleanings`` rounds asks the check first and gleans only if the model says
-entities were missed. The check is phrased "are entities still missing?", so **Y means
-"missed, glean more"** and N means "done"; any other answer also stops, because a
-continuation costs a full call while stopping costs nothing.
+entities." Where that check goes is ``extraction.gleaning_check``:
+
+- ``between`` (the default, microsoft/graphrag's order): glean first, and ask the check only
+  before a further gleaning, never after the last one. With ``max_gleanings=1`` a chunk costs
+  2 calls: a check before the only gleaning would cost a call to save at most one.
+- ``before_each`` (the paper's order): ask before every gleaning and glean only if the model
+  says entities were missed (up to ``1 + 2 * max_gleanings`` calls).
+
+The check is phrased "are entities still missing?", so **Y means "missed, glean more"** and N
+means "done"; any other answer also stops, because a continuation costs a full call while
+stopping costs nothing.
 """
 
 from __future__ import annotations
@@ -290,6 +296,12 @@ def yes_no_logit_bias() -> dict[int, int]:
     return {token: 100 for letter in ("Y", "N") for token in encoding.encode(letter)}
 
 
+def extraction_calls_at_most(cfg: ExtractionConfig) -> int:
+    """Calls one chunk's extraction can pay: the first pass, the gleanings and their checks."""
+    checks = cfg.max_gleanings if cfg.gleaning_check == "before_each" else max(0, cfg.max_gleanings - 1)
+    return 1 + cfg.max_gleanings + checks
+
+
 def _merge(target: ChunkExtraction, parsed: ParsedExtraction) -> None:
     """Add a round's records, minus exact repeats of earlier rounds: a gleaning that re-lists a record
     must not count as a second instance (relationship instances become edge weights)."""
@@ -306,7 +318,8 @@ async def extract_chunk(
     *,
     item_id: str | None = None,
 ) -> ChunkExtraction:
-    """Extract one chunk: first pass, then up to ``cfg.max_gleanings`` check-then-glean rounds."""
+    """Extract one chunk: first pass, then up to ``cfg.max_gleanings`` gleanings, each after a check
+    where ``cfg.gleaning_check`` puts one."""
     result = ChunkExtraction()
 
     async def ask(messages: list[dict], stage: str, version: str = prompts.version, **params) -> CallResult | None:
@@ -326,17 +339,16 @@ async def extract_chunk(
     _merge(result, parse_extraction(first.text))
     messages.append({"role": "assistant", "content": first.text})
 
-    for _ in range(cfg.max_gleanings):
-        check_messages = messages + [{"role": "user", "content": prompts.loop_check.text.strip()}]
-        check = await ask(check_messages, "gleaning_check", max_tokens=1, logit_bias=yes_no_logit_bias())
-        if check is None:
-            return result
-        if check.text.strip().upper()[:1] != "Y":
-            break
-        messages = check_messages + [
-            {"role": "assistant", "content": check.text},
-            {"role": "user", "content": prompts.continuation.text.strip()},
-        ]
+    for round_number in range(cfg.max_gleanings):
+        if cfg.gleaning_check == "before_each" or round_number > 0:
+            check_messages = messages + [{"role": "user", "content": prompts.loop_check.text.strip()}]
+            check = await ask(check_messages, "gleaning_check", max_tokens=1, logit_bias=yes_no_logit_bias())
+            if check is None:
+                return result
+            if check.text.strip().upper()[:1] != "Y":
+                break
+            messages = check_messages + [{"role": "assistant", "content": check.text}]
+        messages = messages + [{"role": "user", "content": prompts.continuation.text.strip()}]
         more = await ask(messages, "gleaning")
         if more is None:
             return result

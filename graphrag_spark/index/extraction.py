@@ -61,7 +61,7 @@ CLAIMS_STAGE = "extract_claims"
 
 def extraction_params(cfg: ExtractionConfig, model: LlmModelConfig) -> dict:
     """Everything besides the chunk and the prompts that changes the extraction answer (part of the cache key)."""
-    return {"entity_types": cfg.entity_types, "max_gleanings": cfg.max_gleanings,
+    return {"entity_types": cfg.entity_types, "max_gleanings": cfg.max_gleanings, "gleaning_check": cfg.gleaning_check,
             "temperature": model.temperature, "max_tokens": model.max_tokens}
 
 

@@ -466,13 +466,13 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
 def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
     """``--dry-run``: what LLM extraction would spend, without calling anything or writing tables.
 
-    Chunks already in the LLM cache cost nothing. Per chunk: one extraction call, up to two calls
-    per gleaning round (check + continuation), one claims call (a stage of its own); prompt
+    Chunks already in the LLM cache cost nothing. Per chunk: one extraction call, the gleanings and
+    their checks (``extraction_calls_at_most``), one claims call (a stage of its own); prompt
     tokens count the rendered
     template plus the chunk for each call (gleaning calls also resend the conversation, so this
     is a lower bound for them); completion tokens are estimated at half the chunk per call.
     """
-    from graphrag_spark.index.extract_llm import ExtractionPrompts
+    from graphrag_spark.index.extract_llm import ExtractionPrompts, extraction_calls_at_most
     from graphrag_spark.llm.stage import with_item_keys
     from graphrag_spark.tokens import count_tokens
 
@@ -490,7 +490,7 @@ def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
     n_chunks, chunk_tokens = int(row.n), int(row.tokens or 0)
     template = count_tokens(prompts.extraction.render(entity_types=", ".join(cfg.extraction.entity_types),
                                                       examples=prompts.examples.text, input_text=""))
-    calls_per_chunk = 1 + 2 * cfg.extraction.max_gleanings
+    calls_per_chunk = extraction_calls_at_most(cfg.extraction)
     prompt_tokens = calls_per_chunk * (n_chunks * template + chunk_tokens)
     completion_tokens = calls_per_chunk * chunk_tokens // 2
     calls = n_chunks * calls_per_chunk
