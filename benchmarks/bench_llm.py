@@ -13,10 +13,12 @@ the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows
 
 ``--index`` runs the whole index instead (LLM extraction with gleanings, claims, summaries, LLM
 reports, endpoint embeddings; each endpoint limited by the server at ``--rpm``, the job
-configured to it) and prints the share of the limit sustained inside the LLM stages (their calls
-over their wall time) and end to end (all calls over the job's wall time, Spark start-up
-included), the wall time of the non-LLM stages, and the dead time: the spans in which no call was
-in flight, each named by the stage that was running.
+configured to it) and prints the share of the limit sustained inside the chat LLM stages: while calling (a stage's
+first call sent to its last answer), the best that measure can be at this latency (a stage of n
+calls spans at least (n - 1) / limit + latency), while sending (first to last call sent: the rate
+the budget let calls start at), and over the stages' wall time; end to end (all calls over the job's
+wall time, Spark start-up included); the wall time of the non-LLM stages; and the dead time: the
+spans in which no call was in flight, each named by the stage that was running.
 """
 
 from __future__ import annotations
@@ -167,26 +169,42 @@ def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, glea
     non_llm_s = sum(s for name, s in summary.seconds.items() if name not in llm_stages)
     # Inside the LLM stages: from each stage's first call sent to its last answer (what the rate limit
     # can see), and over the stages' whole wall time (their Spark work before and after the calls too).
-    calling_s, stage_wall_s, stage_calls = 0.0, 0.0, 0
+    # Sending: from a stage's first call sent to its last call sent (the budget's view: the rate at which
+    # calls start). From first sent to last answered also counts the last calls' service time, so a stage
+    # of n calls can reach at most n / (n - 1 + rate x latency) of the limit that way.
+    calling_s, sending_s, bound_s, stage_wall_s, stage_calls, sent_gaps = 0.0, 0.0, 0.0, 0.0, 0, 0
+    per_stage = {}
+    rate = rpm / 60.0
     for name, s0, s1 in stages:
         inside = [(a, b) for a, b in chat_calls if s0 <= a - begin < s1]
         if name in chat_stages and inside:
-            calling_s += max(b for _, b in inside) - min(a for a, _ in inside)
+            span = max(b for _, b in inside) - min(a for a, _ in inside)
+            sent = max(a for a, _ in inside) - min(a for a, _ in inside)
+            calling_s += span
+            sending_s += sent
+            bound_s += (len(inside) - 1) / rate + latency
             stage_wall_s += s1 - s0
             stage_calls += len(inside)
+            sent_gaps += len(inside) - 1
+            per_stage[name] = (f"{len(inside)} calls, calling {span:.1f}s (share {len(inside) / span / rate:.3f}), "
+                               f"sending {sent:.1f}s (share {(len(inside) - 1) / sent / rate if sent else 0:.3f}), "
+                               f"stage {s1 - s0:.1f}s")
     wall = end - begin
     return {
         "latency_s": latency, "limit_rpm": rpm, "chat_calls": chat, "embedding_calls": embeddings,
         "wall_s": round(wall, 1), "session_start_s": round(session_s, 1),
         "theoretical_min_s": round(chat / rpm * 60, 1),
         "share_while_calling": round(stage_calls / calling_s * 60 / rpm, 3) if calling_s else 0.0,
+        "share_while_calling_at_best": round(stage_calls / bound_s / rate, 3) if bound_s else 0.0,
+        "share_while_sending": round(sent_gaps / sending_s / rate, 3) if sending_s else 0.0,
+        "chat_stages": per_stage,
         "share_over_llm_stage_wall": round(stage_calls / stage_wall_s * 60 / rpm, 3) if stage_wall_s else 0.0,
         "share_end_to_end": round(chat / wall * 60 / rpm, 3),
         "server_429s": stats["rate_limited"], "dead_time_s": round(idle, 1), "dead_time_by_stage": idle_by_stage,
         "non_llm_stages_s": round(non_llm_s, 1),
         "stage_s": summary.seconds,
-        "llm_stages": {u.stage: f"{u.calls} calls {u.wall_s}s {round(u.calls / u.wall_s * 60) if u.wall_s else 0}rpm"
-                       for u in summary.usage},
+        "llm_stages": [f"{u.stage}: {u.items} items {u.calls} calls {u.wall_s}s" for u in summary.usage],
+        "report_counts": {key: value for key, value in summary.counts.items() if "report" in key},
         "warm_rerun_s": round(warm_s, 1),
         "warm_rerun_paid_calls": warm_calls["chat"] + warm_calls["embeddings"] - chat - embeddings,
         "warm_rerun_mode": warm.mode,

@@ -208,3 +208,18 @@ def test_higher_levels_substitute_finished_sub_reports_when_the_context_overflow
         assert "-----Reports-----" in row.context
         for child in row.substituted:
             assert finer[child].replace('"', '""') in row.context, "the finer level's finished report is in the context"
+
+
+def test_a_community_carried_down_unchanged_pays_no_report_of_its_own(spark, llm_index):
+    from graphrag_spark.index.reports import reused_reports
+
+    cfg, summary = llm_index.cfg, llm_index.summary
+    store = T.TableStore(spark, cfg.storage)
+    shape = store.read(T.COMMUNITIES).select("community", "level", "size", "children").toPandas()
+    reused = reused_reports(shape)
+    assert reused and summary.counts["reports reused (same members as a sub-community)"] == len(reused)
+    report_items = sum(u.items for u in summary.usage if u.stage == "community_reports")
+    assert report_items == len(shape) - len(reused), "one report item per distinct community, none per copy"
+    content = {r.community: r.full_content for r in store.read(T.COMMUNITY_REPORTS).collect()}
+    assert len(content) == len(shape)
+    assert all(content[community] == content[child] for community, child in reused.items())

@@ -276,3 +276,35 @@ def test_a_failed_sub_report_is_never_substituted_for_its_elements():
     context = build_context(community, max_tokens=700)
     assert context["substituted"] == [2]
     assert "Sub 1: short." not in context["context"] and "NODE e10" in context["context"]
+
+
+def test_a_community_carried_down_unchanged_reuses_its_sub_communitys_report():
+    from graphrag_spark.index.reports import reused_report, reused_reports
+
+    # 0 splits into 1 and 2; 2 is final, so Leiden's deeper level carries it down as 3 (same members),
+    # and 1 splits into 4 and 5. Only 2 -> 3 is the same community twice.
+    shape = pd.DataFrame({"community": [0, 1, 2, 3, 4, 5], "level": [0, 1, 1, 2, 2, 2], "size": [9, 5, 4, 4, 3, 2],
+                          "children": [[1, 2], [4, 5], [3], [], [], []]})
+    assert reused_reports(shape) == {2: 3}
+    child = {"child_id": "r3", "child_title": "T", "child_summary": "S", "child_rating": 7.0,
+             "child_rating_explanation": "E", "child_findings": [{"summary": "f", "explanation": "x"}],
+             "child_full_content": "# T", "child_method": "llm"}
+    report = reused_report({"id": "c2", "community": 2, "level": 1, **child})
+    assert (report["community"], report["level"], report["full_content"], report["findings"]) == (2, 1, "# T", child["child_findings"])
+    assert report["id"] != reused_report({"id": "c9", "community": 9, "level": 1, **child})["id"]
+
+
+def test_a_context_that_fits_does_not_depend_on_the_sub_reports():
+    """What lets every fitting community be reported at once, before the finer level is done."""
+    from graphrag_spark.index.reports import build_context
+
+    entities = [{"id": f"e{i}", "human_readable_id": i, "title": f"E{i}", "type": "person", "description": f"d{i}",
+                 "degree": 1} for i in range(3)]
+    relationships = [{"id": "r0", "human_readable_id": 0, "source": "E0", "target": "E1", "description": "knows",
+                      "weight": 1.0, "combined_degree": 2}]
+    sub = {"community": 7, "title": "Sub", "summary": "s", "full_content": "a sub report", "method": "llm",
+           "entity_ids": ["e0", "e1"], "relationship_ids": ["r0"]}
+    row = {"id": "c", "community": 1, "level": 0, "entities": entities, "relationships": relationships, "claims": None}
+    alone, with_subs = build_context({**row, "sub_reports": None}, 1000), build_context({**row, "sub_reports": [sub]}, 1000)
+    assert not alone["truncated"] and alone["context"] == with_subs["context"] and with_subs["substituted"] == []
+    assert build_context({**row, "sub_reports": None}, 12)["truncated"], "too small a budget: it must wait for its subs"

@@ -90,12 +90,18 @@ def instances_from_results(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_INSTANCE_COLUMNS, dtype=object)
 
 
+_REJECT_REASONS = ("extraction records rejected (malformed)", "claim records rejected (malformed)")
+
+
 def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: DataFrame, cfg: ExtractionConfig,
-                          llm: LlmConfig, run_id: str) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
+                          llm: LlmConfig, run_id: str,
+                          dropped: dict | None = None) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
     """The paper's extraction (with gleanings) for every text unit not already extracted, then, if
     enabled, the claims pass as a stage of its own over the extracted chunks: each is cached
     separately, so switching claims on (or changing the claim description) never pays for
-    entity extraction again."""
+    entity extraction again. ``dropped`` (the run summary's counts) gets what was not kept: chunks
+    whose extraction failed after retries (retried by the next run) and model records that could
+    not be parsed."""
     prompts = ExtractionPrompts.load()
 
     async def extract(client, item: dict) -> LlmWork:
@@ -107,10 +113,21 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
     outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, extract, run_id,
                                    prompts.version, extraction_params(cfg, llm.chat))
     results, usages = outcome.where(F.col("result").isNotNull()).select("item_id", "result"), [usage]
+    rejected = [results.select(F.lit(_REJECT_REASONS[0]).alias("reason"), "result")]
     if cfg.claims:
         claim_results, claims_usage = _extract_claims(spark, store, text_units, results, cfg, llm, run_id, prompts)
+        rejected.append(claim_results.select(F.lit(_REJECT_REASONS[1]).alias("reason"), "result"))
         results = results.unionByName(claim_results)
         usages.append(claims_usage)
+    if dropped is not None:
+        dropped["text units failed extraction (retried next run)"] = usage.failures
+        if cfg.claims:
+            dropped["text units failed claims (retried next run)"] = claims_usage.failures
+        counted = rejected[0] if len(rejected) == 1 else rejected[0].unionByName(rejected[1])
+        per_reason = counted.groupBy("reason").agg(
+            F.sum(F.coalesce(F.get_json_object("result", "$.rejected").cast("long"), F.lit(0))).alias("n")).collect()
+        dropped.update({reason: 0 for reason in _REJECT_REASONS[:1 + cfg.claims]})
+        dropped.update({row["reason"]: int(row["n"] or 0) for row in per_reason})
 
     def explode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:

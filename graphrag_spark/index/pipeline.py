@@ -174,7 +174,7 @@ def extraction_stage(run: Run) -> None:
     todo = units.join(run.changed[T.TEXT_UNITS], "id", "left_semi")
     if run.llm:
         entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
-            spark, store, todo, cfg.extraction, cfg.llm, run.run_id)
+            spark, store, todo, cfg.extraction, cfg.llm, run.run_id, run.summary.counts)
         run.summary.usage += usages
         nlp_instances = None
     else:
@@ -240,7 +240,9 @@ def graph_stage(run: Run) -> None:
 
 def summarize_stage(run: Run) -> None:
     only = {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
-    run.summary.usage += summarize_graph(run.spark, run.store, run.cfg, run.run_id, only)
+    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only)
+    run.summary.usage += usages
+    run.summary.counts["summaries failed (descriptions kept joined, retried next run)"] = sum(u.failures for u in usages)
 
 
 def communities_stage(run: Run) -> None:
@@ -435,32 +437,31 @@ def _run_stages(run: Run, published) -> dict[str, int]:
 
 def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary) -> None:
     """Bottom-up: the deepest level first, each level's reports written before the next level starts,
-    so a higher level's context can substitute the finished reports of its sub-communities."""
+    so a higher level's context can substitute the finished reports of its sub-communities. LLM
+    reports are scheduled across levels (``reports.build_llm_reports``)."""
     use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
     all_communities = store.read(T.COMMUNITIES)
+    if use_llm:
+        claims = store.read(T.CLAIMS) if store.exists(T.CLAIMS) else None
+        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims)
+        summary.usage += usages
+        summary.counts.update(counts)
+        return
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
-    claims = store.read(T.CLAIMS) if use_llm and store.exists(T.CLAIMS) else None
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)
     max_findings = cfg.reports.max_findings
-    per_level, substituted = {}, {}
+    per_level = {}
     finer = None
     for level in levels:
         contexts = reports.community_contexts(all_communities.where(F.col("level") == level), entities, relationships,
-                                              finer, claims, all_communities.where(F.col("level") == level + 1))
-        if use_llm:
-            level_reports, built, usage = reports.llm_level_reports(spark, store, cfg, contexts, run_id, level)
-            summary.usage.append(usage)
-            substituted[level] = built.where(F.size("substituted") > 0).count()
-        else:
-            level_reports = reports.generate_level_reports(contexts, lambda row: reports.extractive_report(row, max_findings))
+                                              finer, None, all_communities.where(F.col("level") == level + 1))
+        level_reports = reports.generate_level_reports(contexts, lambda row: reports.extractive_report(row, max_findings))
         store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
         finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
         per_level[level] = finer.count()
     if not levels:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
     summary.counts["reports per level"] = dict(sorted(per_level.items()))
-    if use_llm:
-        summary.counts["contexts with substituted sub-reports"] = dict(sorted(substituted.items()))
 
 
 def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:

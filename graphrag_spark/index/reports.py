@@ -1,4 +1,4 @@
-"""Stage 6, community reports: built bottom-up, one Spark job per level, deepest level first.
+"""Stage 6, community reports: built bottom-up, deepest level first.
 
 Each community arrives at the report function as one row holding its entities, its internal
 relationships and the finished reports of its sub-communities (so higher levels can build
@@ -6,6 +6,17 @@ on finer ones). The offline method writes *extractive* reports (no LLM): title f
 connected entities, summary from their descriptions (the most central text), findings from
 the heaviest relationships with ``[Data: Entities (...); Relationships (...)]`` references,
 and a rating from internal connection strength. Columns match the LLM reports exactly.
+
+LLM reports (``build_llm_reports``) are scheduled so the rate budget is not idle between levels:
+
+- A community with a single sub-community of its own size has the same members (Leiden's levels
+  ran deeper than its subtree, so it was carried down unchanged): it reuses that sub-community's
+  report, with no context built and no call (``reused_reports``).
+- Every other community whose elements fit the context budget, or that has no sub-communities,
+  does not depend on any finer report (the paper's context is then its elements alone): all of
+  them, at every level, are called in one LLM stage at once.
+- Only the communities that overflow and have sub-communities wait for the finer level: they are
+  called level by level, deepest first, with the finished sub-reports substituted.
 """
 
 from __future__ import annotations
@@ -179,15 +190,32 @@ async def write_report(client, context: str, prompt, max_tokens: int, item_id: s
     return LlmWork(None, calls, f"invalid report JSON after {len(calls)} answers: {problem}")
 
 
-def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str, level: int):
-    """LLM reports for one level's contexts (cached, batched, failures kept); failed ones fall back to extractive."""
+def reused_reports(communities: pd.DataFrame) -> dict[int, int]:
+    """Pure: community -> the sub-community whose report it reuses. ``communities``: community, size,
+    children. A community with one sub-community of its own size has the same members (the levels
+    partition the clustered entities and nest), hence the same context and the same report."""
+    size_of = dict(zip(communities["community"].astype(int), communities["size"].astype(int)))
+    return {int(community): int(children[0])
+            for community, size, children in zip(communities["community"], communities["size"], communities["children"])
+            if len(as_list(children)) == 1 and size_of.get(int(children[0])) == int(size)}
+
+
+def reused_report(row: dict) -> dict:
+    """Pure: the report of ``row["child"]`` (columns of a report row, prefixed ``child_``) as the report
+    of the community ``row`` names; its id follows from both, so it is distinct and deterministic."""
+    report = {name: row[f"child_{name}"] for name in ("title", "summary", "rating", "rating_explanation", "full_content",
+                                                      "method")}
+    return {"id": content_id("report", row["id"], row["child_id"]), "community": row["community"],
+            "level": row["level"], **report, "findings": [dict(f) for f in as_list(row["child_findings"])]}
+
+
+def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
+    """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
 
     prompt = load_prompt("community_report")
     max_tokens = cfg.reports.max_output_tokens
-    # Materialised in Delta: the stage reads the contexts and the caller counts them after, with no recomputation.
-    built = store.checkpoint(report_contexts(contexts, cfg.reports.max_input_tokens), f"report_contexts_{level}")
     items = built.select(F.col("id").alias("item_id"), F.col("context").alias("payload"))
 
     async def work(client, item: dict):
@@ -195,9 +223,40 @@ def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str, level
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
                                    prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
-    answered = (contexts.join(outcome.withColumnRenamed("item_id", "id"), "id")
-                .select("id", "community", "level", "entities", "relationships", "sub_reports", "result"))
-    max_findings = cfg.reports.max_findings
+    return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
+
+
+def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) -> tuple[dict, list]:
+    """The paper's LLM reports for every community (scheduled as the module docstring says), written to
+    ``community_reports``; a failed one falls back to extractive. Returns the run summary's counts and
+    the stages' usage."""
+    all_communities = store.read(T.COMMUNITIES)
+    entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
+    shape = all_communities.select("community", "level", "size", "children").toPandas()
+    if shape.empty:
+        store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
+        return {"reports per level": {}}, []
+    reused = reused_reports(shape)
+    copies = spark.createDataFrame(pd.DataFrame({"community": list(reused), "child": list(reused.values())}, dtype="int64"),
+                                   "community long, child long")
+    originals = all_communities.join(copies.select("community"), "community", "left_anti")
+    max_input, max_findings = cfg.reports.max_input_tokens, cfg.reports.max_findings
+
+    # Every context without sub-reports, all levels in one job; those that fit (or have nothing to
+    # substitute) are final, and all of them are called in one stage.
+    first = store.checkpoint(report_contexts(community_contexts(originals, entities, relationships, None, claims),
+                                             max_input), "report_contexts")
+    waits = ((F.col("truncated")) & (F.size("children") > 0))
+    first = first.join(originals.select("id", "children"), "id")
+    usages = []
+    answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id)
+    usages.append(usage)
+    answers = store.checkpoint(answers, "report_answers")
+    waiting = first.where(waits).select("id")
+    by_level = first.groupBy("level").agg(F.count(F.when(waits, 1)).alias("waiting"),
+                                          F.count(F.when(~waits & F.col("truncated"), 1)).alias("trimmed")).collect()
+    waiting_levels = {int(r["level"]): int(r["waiting"]) for r in by_level}
+    trimmed = sum(int(r["trimmed"]) for r in by_level)
 
     def to_report(row: dict) -> dict:
         if row["result"] is None:
@@ -206,4 +265,36 @@ def llm_level_reports(spark, store, cfg, contexts: DataFrame, run_id: str, level
         return {"id": content_id("report", row["id"], LLM_METHOD), "community": row["community"], "level": row["level"],
                 **report, "full_content": render_full_content(report), "method": LLM_METHOD}
 
-    return generate_level_reports(answered, to_report), built, usage
+    levels = sorted({int(level) for level in shape["level"]}, reverse=True)
+    per_level, substituted = {}, {}
+    finer = None
+    child_columns = [F.col(name).alias(f"child_{name}") for name in REPORT_COLUMNS if name not in ("community", "level")]
+    for level in levels:
+        contexts = community_contexts(originals.where(F.col("level") == level), entities, relationships, finer, claims,
+                                      all_communities.where(F.col("level") == level + 1))
+        level_answers = answers
+        if waiting_levels.get(level):
+            # Overflowing communities with sub-communities: the finer reports are finished now.
+            built = store.checkpoint(report_contexts(contexts.join(waiting, "id", "left_semi"), max_input),
+                                     f"report_contexts_{level}")
+            late, usage = _report_stage(spark, store, cfg, built, run_id)
+            usages.append(usage)
+            substituted[level] = built.where(F.size("substituted") > 0).count()
+            trimmed += built.where(F.col("truncated")).count()
+            level_answers = answers.unionByName(late)
+        answered = (contexts.join(level_answers, "id")
+                    .select("id", "community", "level", "entities", "relationships", "sub_reports", "result"))
+        level_reports = generate_level_reports(answered, to_report)
+        if finer is not None:
+            carried = (copies.join(all_communities.where(F.col("level") == level).select("community", "id", "level"), "community")
+                       .join(finer.select(F.col("community").alias("child"), *child_columns), "child"))
+            level_reports = level_reports.unionByName(generate_level_reports(carried, reused_report))
+        store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
+        finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
+        per_level[level] = finer.count()
+    counts = {"reports per level": dict(sorted(per_level.items())),
+              "reports reused (same members as a sub-community)": len(reused),
+              "contexts with substituted sub-reports": dict(sorted(substituted.items())),
+              "report contexts trimmed to reports.max_input_tokens": trimmed,
+              "reports failed (extractive stand-in, retried next run)": sum(u.failures for u in usages)}
+    return counts, usages
