@@ -15,10 +15,13 @@ graphrag is installed into its own virtual environment outside the repository
 ``pip install graphrag==3.3.0`` if it is missing). It is never a dependency of this project
 and none of its code is used here: it runs as its own command.
 
-Work that differs between the two, by design of each: graphrag's gleaning sends the continuation
-directly (2 calls per chunk with 1 gleaning) where this project first asks whether entities were
-missed (the paper's loop check: up to 3 calls per chunk); graphrag also embeds every community
-report (this project embeds text units and entities).
+The same work on both sides: 1 gleaning sent directly (this project's default
+``extraction.gleaning_check: between`` is graphrag's order: 2 calls per chunk), and communities of
+the largest connected component only (graphrag's ``cluster_graph.use_lcc`` default; this project's
+``graph.largest_component_only`` is set to match, its own default clusters every component, so
+the small components get reports too). Work that still differs: graphrag embeds every community
+report (this project embeds text units and entities), and each system summarizes the descriptions
+by its own rule (this project: only elements with two or more distinct descriptions).
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ def run_ours(server, corpus: Path, work: Path, rpm: int | None) -> tuple[dict, d
     limits = [f"llm.chat.requests_per_minute={rpm}", f"llm.embedding.requests_per_minute={rpm}"] if rpm else [
         "llm.chat.requests_per_minute=100000", "llm.embedding.requests_per_minute=100000"]
     settings = [f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", "chunking.size=1200",
-                "chunking.overlap=100", "extraction.max_gleanings=1", "extraction.claims=false",
+                "chunking.overlap=100", "extraction.max_gleanings=1", "extraction.gleaning_check=between",
+                "graph.largest_component_only=true", "extraction.claims=false",
                 "reports.method=llm", "embeddings.provider=openai",
                 f"llm.chat.api_base={server.base_url}", f"llm.embedding.api_base={server.base_url}",
                 "llm.chat.tokens_per_minute=1000000000", "llm.embedding.tokens_per_minute=1000000000", *limits]

@@ -149,6 +149,7 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     tokens = JobBudget(10**6, 6000, headroom=1.0, clock=lambda: now["t"])
     assert tokens.reserve(50) == 0 and tokens.reserve(100) == pytest.approx(0.5, abs=0.01)  # 100 tokens/s
     # Little's law: 10 calls/s at 10 s each keep 100 in flight (twice that with the margin for the
-    # items waiting at the budget); 1 s keeps ~20.
-    assert in_flight_target(600, 10.0, 1000) == 201 and in_flight_target(600, 1.0, 1000) == 21
+    # items waiting at the budget, plus 2 s of calls for the items' own work); 1 s keeps ~40.
+    assert in_flight_target(600, 10.0, 1000) == 221 and in_flight_target(600, 1.0, 1000) == 41
+    assert in_flight_target(120, 1.0, 1000) == 9, "at 2 calls/s and 1 s, more than Little's 2 must wait at the budget"
     assert in_flight_target(600, 10.0, 64) == 64

@@ -168,7 +168,7 @@ class Coordinator:
         latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
         total = in_flight_target(model.requests_per_minute * model.budget.factor(), latency, self._max_in_flight)
         sharing = max(self._active_tasks, self._tasks - self._finished_tasks)
-        return max(1, total // max(1, sharing))
+        return max(1, math.ceil(total / max(1, sharing)))
 
     def start(self, keys: list[str]) -> dict:
         with self._lock:

@@ -117,13 +117,17 @@ class RateLimiter:
             self._decreased_at = now
 
 
-def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, margin: float = 2.0) -> int:
+def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, margin: float = 2.0,
+                     slack_s: float = 2.0) -> int:
     """Little's law: calls that must be in flight for ``requests_per_minute`` at ``latency_s`` each,
     at least 1 and at most ``cap``. The margin is wide because a window counts the items waiting for
     their reserved slot at the budget too (about one service time each when the budget is the
-    bottleneck: measured queue p50 ~ latency); a window too large only queues calls at the budget,
-    which still sets the rate, while one too small leaves the limit unused."""
-    return max(1, min(cap, math.ceil(requests_per_minute / 60.0 * latency_s * margin) + 1))
+    bottleneck: measured queue p50 ~ latency); ``slack_s`` of calls more cover an item's own work
+    between its calls (parsing, the coordinator's round trips), which at a short latency would
+    otherwise leave the budget without a caller waiting. A window too large only queues calls at the
+    budget, which still sets the rate, while one too small leaves the limit unused."""
+    rate = requests_per_minute / 60.0
+    return max(1, min(cap, math.ceil(rate * (latency_s * margin + slack_s)) + 1))
 
 
 class JobBudget:
