@@ -91,6 +91,7 @@ class Run:
     source_version: int | None = None
     changed: dict[str, DataFrame] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
+    described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -227,6 +228,14 @@ def graph_stage(run: Run) -> None:
         current = store.read(name).select("id", "text_unit_ids")
         run.changed[name] = (current if before is None else
                              current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti"))
+    if _llm_summaries(cfg):
+        # The lists the summaries are written from, kept (scratch tables) so the summary stage does not
+        # aggregate the instances again; only elements with two or more descriptions are summarized.
+        several = F.size("descriptions") >= 2
+        run.described = {T.ENTITIES: store.checkpoint(nodes.where(several).select("title", "descriptions"),
+                                                      "described_entities"),
+                         T.RELATIONSHIPS: store.checkpoint(edges.where(several).select("source", "target", "descriptions"),
+                                                           "described_relationships")}
     run.summary.counts["relationships dropped (endpoint not an entity)"] = candidates.count() - rows[T.RELATIONSHIPS]
     for frame in (nodes, candidates, edges):  # the persisted frames, not add_degrees' results
         frame.unpersist()
@@ -240,7 +249,7 @@ def graph_stage(run: Run) -> None:
 
 def summarize_stage(run: Run) -> None:
     only = {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
-    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only)
+    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described)
     run.summary.usage += usages
     run.summary.counts["summaries failed (descriptions kept joined, retried next run)"] = sum(u.failures for u in usages)
 

@@ -57,16 +57,20 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
 
 
 def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
-                    only: dict[str, DataFrame] | None = None) -> list[StageUsage]:
+                    only: dict[str, DataFrame] | None = None,
+                    described: dict[str, DataFrame] | None = None) -> list[StageUsage]:
     """Replace multi-description entities' and relationships' descriptions with their LLM summaries
     (a MERGE of the summarized rows). ``only``: per table, the ids to consider (a refresh passes the
-    elements whose instances changed; the others keep their description and cost nothing)."""
-    text_units = store.read(T.TEXT_UNITS)
-    described = {
-        T.ENTITIES: graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, 1, text_units),
-        T.RELATIONSHIPS: graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), store.read(T.ENTITIES),
-                                                   cfg.graph, text_units),
-    }
+    elements whose instances changed; the others keep their description and cost nothing).
+    ``described``: per table, the elements' ``descriptions`` lists with their keys, as the graph stage
+    built them (the pipeline passes them); without it they are built again from the instances."""
+    if described is None:
+        text_units = store.read(T.TEXT_UNITS)
+        described = {
+            T.ENTITIES: graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, 1, text_units),
+            T.RELATIONSHIPS: graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), store.read(T.ENTITIES),
+                                                       cfg.graph, text_units),
+        }
     stages = ((T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
               (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships"))
 
