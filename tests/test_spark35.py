@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import REPO, SAMPLE_CORPUS
+from conftest import REPO, SAMPLE_CORPUS, run_process
 from graphrag_spark.query.api import GraphRagIndex
 from spark35_job import answers
 
@@ -18,19 +17,23 @@ pytestmark = pytest.mark.spark
 VENV_PYTHON = REPO / ".venv-spark35" / "bin" / "python"
 
 
-def test_spark_3_5_builds_the_spark_4_index_and_answers(spark, sample_index, tmp_path):
-    setup = subprocess.run(["bash", str(REPO / "scripts" / "setup_spark35.sh")], cwd=REPO, capture_output=True,
-                           text=True, timeout=1200)
+def EARLY_JOB(workdir):
+    """The 3.5 side, while other tests run (see conftest): the venv, then the index and answers in it."""
+    setup = run_process(["bash", str(REPO / "scripts" / "setup_spark35.sh")], timeout=1200, cwd=REPO)
     assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr[-3000:]
     # This process's Spark settings (its Python for workers, a SPARK_HOME) must not reach the 3.5 job.
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME", "PYTHONPATH", "SPARK_REMOTE")}
-    out = tmp_path / "verdict.json"
-    done = subprocess.run([str(VENV_PYTHON), str(REPO / "tests" / "spark35_job.py"), "--root", str(tmp_path / "index"),
-                           "--input", str(SAMPLE_CORPUS), "--ivy-cache", str(REPO / ".cache" / "ivy"), "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    out = workdir / "verdict.json"
+    done = run_process([str(VENV_PYTHON), str(REPO / "tests" / "spark35_job.py"), "--root", str(workdir / "index"),
+                        "--input", str(SAMPLE_CORPUS), "--ivy-cache", str(REPO / ".cache" / "ivy"), "--out", str(out)],
+                       timeout=1200, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
-    verdict = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_spark_3_5_builds_the_spark_4_index_and_answers(spark, sample_index, early_result):
+    verdict = early_result
     assert verdict["pyspark"].startswith("3.5.") and verdict["spark"].startswith("3.5."), verdict["spark"]
 
     cfg, summary = sample_index
