@@ -121,7 +121,7 @@ def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.Comp
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
-    for module in {item.module for item in session.items if hasattr(item, "module")}:
+    for module in dict.fromkeys(item.module for item in session.items if hasattr(item, "module")):
         job = getattr(module, "EARLY_JOB", None)
         if job is not None and module.__name__ not in _early:
             workdir = _early_dir / module.__name__
