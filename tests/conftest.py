@@ -92,8 +92,8 @@ def sample_index(spark, tmp_path_factory):
 
 # Early jobs: a test module may define ``EARLY_JOB(workdir)``, work done in other processes only (a Spark
 # Connect server and its client, say) that takes minutes. It starts in a background thread as soon as
-# the module's tests are collected, so its processes run while the in-process tests do, and the
-# module's ``early_result`` fixture waits for its value (or its exception). Run alone, the same.
+# the module's tests are collected, so its processes run while the in-process tests do; those modules
+# run last, and their ``early_result`` fixture waits for the job's value (or its exception).
 _early_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="early-job")
 _early: dict[str, Future] = {}
 _early_dir = Path(tempfile.mkdtemp(prefix="graphrag-spark-early-"))
@@ -116,6 +116,11 @@ def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.Comp
             os.killpg(process.pid, signal.SIGKILL)
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def pytest_collection_modifyitems(items):
+    """Modules with an early job run last, when their job is done, not waiting for it at their turn."""
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "EARLY_JOB", None) is not None)
 
 
 def pytest_collection_finish(session):
