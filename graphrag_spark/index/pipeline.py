@@ -449,13 +449,13 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
     so a higher level's context can substitute the finished reports of its sub-communities. LLM
     reports are scheduled across levels (``reports.build_llm_reports``)."""
     use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
-    all_communities = store.read(T.COMMUNITIES)
     if use_llm:
         claims = store.read(T.CLAIMS) if store.exists(T.CLAIMS) else None
         counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims)
         summary.usage += usages
         summary.counts.update(counts)
         return
+    all_communities = store.read(T.COMMUNITIES)
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)
     max_findings = cfg.reports.max_findings

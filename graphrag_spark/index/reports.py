@@ -279,8 +279,10 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
                                      f"report_contexts_{level}")
             late, usage = _report_stage(spark, store, cfg, built, run_id)
             usages.append(usage)
-            substituted[level] = built.where(F.size("substituted") > 0).count()
-            trimmed += built.where(F.col("truncated")).count()
+            level_counts = built.agg(F.count(F.when(F.size("substituted") > 0, 1)).alias("substituted"),
+                                     F.count(F.when(F.col("truncated"), 1)).alias("trimmed")).first()
+            substituted[level] = level_counts["substituted"]
+            trimmed += level_counts["trimmed"]
             level_answers = answers.unionByName(late)
         answered = (contexts.join(level_answers, "id")
                     .select("id", "community", "level", "entities", "relationships", "sub_reports", "result"))
