@@ -11,3 +11,9 @@ except ModuleNotFoundError:
 if tuple(int(part) for part in _pyspark.__version__.split(".")[:2]) < (3, 5):
     raise ImportError(f"graphrag-spark needs Spark 3.5 or later and this environment has pyspark {_pyspark.__version__} "
                       f"(Databricks Runtime 15.4 LTS and later ship Spark 3.5 or 4).")
+
+# A runtime's own numpy, pandas or pyarrow that graphrag-spark does not support: one sentence, before pandas or pyarrow is imported.
+from graphrag_spark.versions import conflict as _conflict, installed_versions as _installed_versions
+
+if (_problem := _conflict(_installed_versions())) is not None:
+    raise ImportError(_problem)

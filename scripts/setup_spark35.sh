@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent: .venv-spark35, a second environment with pyspark 3.5 + delta-spark 3.3 (Spark 3.5, as on
-# Databricks Runtime 15.4 and 16.4 LTS) and the project installed editable, for the Spark 3.5 smoke test
-# (tests/test_spark35.py). Pins: constraints.txt with constraints-spark35.txt's Spark 3.5 lines in place of its own.
+# Idempotent: .venv-spark35, a second environment as on Databricks Runtime 15.4 LTS (Spark 3.5: pyspark 3.5 +
+# delta-spark 3.3, and the runtime's own numpy, pandas, pyarrow, scipy and scikit-learn) with the project installed
+# editable, for the Spark 3.5 smoke test (tests/test_spark35.py). Pins: constraints.txt with constraints-spark35.txt's
+# lines in place of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from graphrag_spark import tables as T
@@ -17,6 +18,8 @@ from graphrag_spark.config import load_config
 from graphrag_spark.query.api import GraphRagIndex
 
 REPO = Path(__file__).resolve().parent.parent
+# The libraries the Databricks runtime brings and constraints-spark35.txt pins to its versions.
+RUNTIME_LIBRARIES = ("numpy", "pandas", "pyarrow", "scipy", "scikit-learn", "graspologic-native")
 QUESTION = "Who opposes the harbour dredging near the estuary?"
 INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES,
                 T.COMMUNITY_REPORTS, T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
@@ -47,6 +50,7 @@ def main(argv: list[str]) -> None:
     spark = build_spark(cfg.spark)
     summary = run_index(spark, cfg)
     verdict = {"pyspark": pyspark.__version__, "spark": spark.version,
+               "libraries": {name: metadata.version(name) for name in RUNTIME_LIBRARIES},
                "summary_counts": {k: str(v) for k, v in summary.counts.items()},
                **answers(GraphRagIndex.load(spark, cfg))}
     Path(args.out).write_text(json.dumps(verdict, indent=1, default=str))
