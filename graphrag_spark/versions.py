@@ -60,7 +60,7 @@ def conflict(installed: Mapping[str, str | None]) -> str | None:
                     f"install {name}<{first_unsupported} next to it.")
     numpy, pandas = installed.get("numpy"), installed.get("pandas")
     if numpy and pandas and release(numpy) >= (2,) and release(pandas) < release(PANDAS_FOR_NUMPY_2):
-        return (f"pandas {pandas} is built for numpy 1.x and this environment has numpy {numpy}: pin numpy<2 (on "
-                f"Databricks Runtime 15.4/16.4 LTS install graphrag-spark with the runtime's constraints file, README: "
-                f"Install) or use pandas>={PANDAS_FOR_NUMPY_2}.")
+        return (f"pandas {pandas} is built for numpy 1.x and this environment has numpy {numpy}: keep numpy<2 (on "
+                f"Databricks Runtime 15.4 or 16.4 LTS, `pip install graphrag-spark -c constraints-dbr-<runtime>.txt` "
+                f"keeps the runtime's numpy) or use pandas>={PANDAS_FOR_NUMPY_2}.")
     return None

@@ -18,7 +18,7 @@ from graphrag_spark.config import load_config
 from graphrag_spark.query.api import GraphRagIndex
 
 REPO = Path(__file__).resolve().parent.parent
-# The libraries the Databricks runtime brings and constraints-spark35.txt pins to its versions.
+# The libraries the Databricks runtime brings and constraints-dbr-15.4.txt pins to its versions.
 RUNTIME_LIBRARIES = ("numpy", "pandas", "pyarrow", "scipy", "scikit-learn", "graspologic-native")
 QUESTION = "Who opposes the harbour dredging near the estuary?"
 INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES,

@@ -1,6 +1,6 @@
 """Spark 3.5 as on Databricks Runtime 15.4 LTS: the offline index of data/sample and a local and a global question,
 run in .venv-spark35 (pyspark 3.5 + delta-spark 3.3 and the runtime's numpy 1.23.5, pandas 1.5.3, pyarrow 14.0.1,
-scipy and scikit-learn; built or reused by scripts/setup_spark35.sh from constraints-spark35.txt), must give the
+scipy and scikit-learn; built or reused by scripts/setup_spark35.sh from constraints-dbr-15.4.txt), must give the
 Spark 4 session's index and answers."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def EARLY_JOB(workdir):
 def test_spark_3_5_builds_the_spark_4_index_and_answers(spark, sample_index, early_result):
     verdict = early_result
     assert verdict["pyspark"].startswith("3.5.") and verdict["spark"].startswith("3.5."), verdict["spark"]
-    pins = dict(line.split("==") for line in (REPO / "constraints-spark35.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in (REPO / "constraints-dbr-15.4.txt").read_text().splitlines()
                 if "==" in line and not line.startswith("#"))
     assert verdict["libraries"] == {name: pins[name] for name in RUNTIME_LIBRARIES}, verdict["libraries"]
 
