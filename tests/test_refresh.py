@@ -219,3 +219,18 @@ def test_change_data_feed_reads_only_changed_rows_and_records_the_version(spark,
 def test_lock_sql_strings_survive_quotes_and_backslashes(spark):
     value = "it's a \\ job's name"
     assert spark.sql(f"SELECT {runs._sql_string(value)} AS v").collect()[0].v == value
+
+
+def test_vacuum_deletes_files_only_old_versions_use_and_restores_the_listing_width(spark, tmp_path):
+    from graphrag_spark.config import StorageConfig
+    from graphrag_spark.index import retention
+
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    for text in ("a deleted document's text", "what is left"):
+        spark.createDataFrame([(text,)], "text string").coalesce(1).write.format("delta").mode("overwrite").save(store.location(T.DOCUMENTS))
+    files = lambda: {p.name for p in (tmp_path / "index").rglob("*.parquet") if "_delta_log" not in p.parts}  # noqa: E731
+    assert len(files()) == 2
+    listing = spark.conf.get(retention._LISTING_PARALLELISM)
+    retention.vacuum(store, 0)
+    assert len(files()) == 1 and [r.text for r in store.read(T.DOCUMENTS).collect()] == ["what is left"]
+    assert spark.conf.get(retention._LISTING_PARALLELISM) == listing

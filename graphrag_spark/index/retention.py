@@ -94,13 +94,23 @@ def _delete_matching(store: T.TableStore, name: str, obsolete: DataFrame, keys: 
     return n
 
 
+# VACUUM spreads the files it lists over this many tasks, 10,000 by default: tens of seconds of
+# empty tasks for each small table. The job's shuffle width is enough, and it is restored after.
+_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+
+
 def vacuum(store: T.TableStore, retain_hours: float) -> None:
     spark = store.spark
     if retain_hours < 168:  # Delta refuses a shorter retention while its safety check is on
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    for name in VACUUMED:
-        if store.exists(name):
-            spark.sql(f"VACUUM {store.sql_name(name)} RETAIN {retain_hours} HOURS")
+    listing, width = spark.conf.get(_LISTING_PARALLELISM), spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set(_LISTING_PARALLELISM, width if width.isdigit() else listing)  # Databricks allows "auto"
+    try:
+        for name in VACUUMED:
+            if store.exists(name):
+                spark.sql(f"VACUUM {store.sql_name(name)} RETAIN {retain_hours} HOURS")
+    finally:
+        spark.conf.set(_LISTING_PARALLELISM, listing)
 
 
 def apply(run) -> dict:
