@@ -217,12 +217,24 @@ def touched_nodes(entities: DataFrame, relationships: DataFrame, previous_relati
 
 def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataFrame,
                   cfg: CommunitiesConfig, largest_component_only: bool, graph_backend: str = "sql",
-                  previous: DataFrame | None = None, previous_relationships: DataFrame | None = None) -> tuple[DataFrame, dict]:
+                  previous: DataFrame | None = None, previous_relationships: DataFrame | None = None,
+                  on_driver: bool = False) -> tuple[DataFrame, dict]:
     """The communities table (Spark) and counts for the run summary. ``graph_backend`` ``graphframes``
     finds the largest component in the executors (GraphFrames) before the edges reach the driver.
     A refresh passes the last run's communities and relationships: Leiden is seeded with its level-0
-    partition, untouched communities are kept whole (``keep_untouched``) and community numbers are kept."""
-    if largest_component_only and graph_backend == "graphframes":
+    partition, untouched communities are kept whole (``keep_untouched``) and community numbers are kept.
+    ``on_driver`` (a small graph): both tables are collected once and the communities table is built in
+    pandas (``community_rows``), not in a Spark job per join."""
+    collected = None
+    if on_driver and not (largest_component_only and graph_backend == "graphframes"):
+        collected = (entities.select("human_readable_id", "id", "title", "degree").toPandas(),
+                     relationships.select("id", "source", "target", "weight", "text_unit_ids").toPandas())
+        sources, targets, weights = driver_edges(*collected)
+        n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
+        if largest_component_only and len(sources):
+            keep = largest_component_mask(sources, targets)
+            sources, targets, weights = sources[keep], targets[keep], weights[keep]
+    elif largest_component_only and graph_backend == "graphframes":
         from graphrag_spark.index.graph_backend import largest_component_nodes
 
         edges = node_edges(entities, relationships).persist()
@@ -249,9 +261,15 @@ def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataF
     if previous is not None and previous_relationships is not None:
         projected = keep_untouched(projected, before, touched_nodes(entities, relationships, previous_relationships))
         numbers = {r.id: int(r.community) for r in previous.select("id", "community").collect()}
-    node_keys = {int(r.node): r.id for r in entities.select(F.col("human_readable_id").alias("node"), "id").collect()}
+    if collected is not None:
+        node_keys = dict(zip(collected[0]["human_readable_id"].astype("int64").tolist(), collected[0]["id"]))
+    else:
+        node_keys = {int(r.node): r.id for r in entities.select(F.col("human_readable_id").alias("node"), "id").collect()}
     hierarchy = hierarchy_from_levels(projected, n_nodes - kept_nodes, node_keys, numbers)
-    table = communities_table(spark, hierarchy, entities, relationships)
+    if collected is not None:
+        table = spark.createDataFrame(community_rows(hierarchy, *collected), COMMUNITY_ROWS_SCHEMA)
+    else:
+        table = communities_table(spark, hierarchy, entities, relationships)
     per_level = hierarchy.communities.groupby("level").size().to_dict()
     counts = {"communities": len(hierarchy.communities), "communities_per_level": {int(k): int(v) for k, v in per_level.items()},
               "clustered_entities": kept_nodes, "excluded_from_clustering": hierarchy.excluded_nodes}
@@ -289,3 +307,54 @@ def communities_table(spark: SparkSession, hierarchy: Hierarchy, entities: DataF
             .withColumn("relationship_ids", F.coalesce("relationship_ids", F.array().cast("array<string>")))
             .withColumn("text_unit_ids", F.coalesce("text_unit_ids", F.array().cast("array<string>")))
             .drop("top"))
+
+
+COMMUNITY_ROWS_SCHEMA = ("community long, id string, level int, parent long, children array<long>, size int, "
+                         "entity_ids array<string>, relationship_ids array<string>, text_unit_ids array<string>, "
+                         "title string")
+
+
+def driver_edges(entities: pd.DataFrame, relationships: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``collect_edges`` from collected tables (pure): source node, target node, weight."""
+    node = dict(zip(entities["title"], entities["human_readable_id"].astype("int64")))
+    known = [s in node and t in node for s, t in zip(relationships["source"], relationships["target"])]
+    kept = relationships[known] if len(relationships) else relationships
+    return (np.array([node[s] for s in kept["source"]], dtype="int64"),
+            np.array([node[t] for t in kept["target"]], dtype="int64"), kept["weight"].to_numpy(dtype="float64"))
+
+
+def community_rows(hierarchy: Hierarchy, entities: pd.DataFrame, relationships: pd.DataFrame) -> pd.DataFrame:
+    """``communities_table`` from collected tables (pure, the same rows): entities (human_readable_id, id,
+    title, degree), relationships (id, source, target, text_unit_ids)."""
+    by_node = {int(n): (i, t, int(d)) for n, i, t, d in zip(entities["human_readable_id"], entities["id"],
+                                                              entities["title"], entities["degree"])}
+    members: dict[int, list] = {}
+    paths: dict[str, set] = {}
+    for node, level, community in zip(hierarchy.membership["node"], hierarchy.membership["level"],
+                                      hierarchy.membership["community"]):
+        if int(node) not in by_node:
+            continue
+        entity_id, title, degree = by_node[int(node)]
+        members.setdefault(int(community), []).append((entity_id, title, degree))
+        paths.setdefault(title, set()).add((int(level), int(community)))
+    internal: dict[int, tuple[list, set]] = {}
+    for relationship_id, source, target, units in zip(relationships["id"], relationships["source"],
+                                                      relationships["target"], relationships["text_unit_ids"]):
+        for _, community in paths.get(source, set()) & paths.get(target, set()):
+            ids, unit_set = internal.setdefault(community, ([], set()))
+            ids.append(relationship_id)
+            unit_set.update(units)
+    rows = []
+    for meta in hierarchy.communities.itertuples(index=False):
+        community = int(meta.community)
+        if community not in members:
+            continue
+        top = [title for _, title in sorted((-degree, title) for _, title, degree in members[community])[:3]]
+        ids, units = internal.get(community, ([], set()))
+        rows.append({"community": community, "id": meta.id, "level": int(meta.level), "parent": int(meta.parent),
+                     "children": [int(c) for c in meta.children], "size": int(meta.size),
+                     "entity_ids": sorted(e for e, _, _ in members[community]), "relationship_ids": sorted(ids),
+                     "text_unit_ids": sorted(units), "title": f"Community {community}: " + ", ".join(top)})
+    columns = ["community", "id", "level", "parent", "children", "size", "entity_ids", "relationship_ids",
+               "text_unit_ids", "title"]
+    return pd.DataFrame(rows, columns=columns)

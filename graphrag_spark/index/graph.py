@@ -22,12 +22,13 @@ distinct descriptions by one LLM summary, given the list itself.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import reduce
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from graphrag_spark.config import GraphConfig
 from graphrag_spark.index import graph_backend
@@ -133,7 +134,8 @@ def keep_within_budget(descriptions: list[str], max_tokens: int) -> list[str]:
 
 
 def _with_description_budget(frame: DataFrame, max_tokens: int) -> DataFrame:
-    """``descriptions`` cut to ``max_tokens`` and ``description`` joined from it.
+    """``descriptions`` cut to ``max_tokens`` and ``description`` joined from it; ``_cut``: how many
+    descriptions the budget dropped.
 
     A cl100k token is at least one UTF-8 byte, so lists within ``max_tokens`` bytes fit and stay
     in Spark SQL; only the longer ones (hub elements) cross into Python to be counted exactly.
@@ -142,19 +144,47 @@ def _with_description_budget(frame: DataFrame, max_tokens: int) -> DataFrame:
 
     def cut(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
+            before = batch["descriptions"].map(len)
             batch["descriptions"] = [keep_within_budget(list(d), max_tokens) for d in batch["descriptions"]]
+            batch["_cut"] = before - batch["descriptions"].map(len)
             yield batch
 
-    in_sql = frame.where(fits)
-    in_python = frame.where(~fits).mapInPandas(cut, frame.schema)
+    in_sql = frame.where(fits).withColumn("_cut", F.lit(0))
+    in_python = frame.where(~fits).mapInPandas(cut, StructType(frame.schema.fields + [StructField("_cut", IntegerType())]))
     joined = F.when(F.size("descriptions") > 0, F.array_join("descriptions", "\n"))
     return in_sql.unionByName(in_python).withColumn("description", joined)
+
+
+def drop_counts(nodes: DataFrame, candidates: DataFrame, edges: DataFrame, min_mentions: int,
+                entity_instances: int, relationship_instances: int) -> dict[str, int]:
+    """The graph stage's drops, named as ``driver_graph`` names them, in one Spark job: ``nodes`` from
+    ``entity_nodes``, ``candidates`` from ``counted_relationships``, ``edges`` the candidates kept."""
+    kept = F.col("frequency") >= min_mentions
+    total = lambda column: F.coalesce(F.sum(column), F.lit(0))  # noqa: E731 - a sum of no rows is 0 here
+    row = (nodes.agg(total("_mentions").alias("mentions"), total((~kept).cast("int")).alias("below"),
+                     total(F.when(kept, F.col("_cut"))).alias("entity_cut"))
+           .crossJoin(candidates.agg(F.count(F.lit(1)).alias("candidates"), total("_instances").alias("instances")))
+           .crossJoin(edges.agg(F.count(F.lit(1)).alias("edges"), total("_cut").alias("edge_cut")))
+           .collect()[0])
+    return {"entity instances dropped (no name)": entity_instances - row.mentions,
+            "entities dropped (below extraction.nlp.min_entity_mentions)": row.below,
+            "entity descriptions dropped (over graph.max_description_tokens)": row.entity_cut,
+            "relationship instances dropped (self-loop or no name)": relationship_instances - row.instances,
+            "relationships dropped (endpoint not an entity)": row.candidates - row.edges,
+            "relationship descriptions dropped (over graph.max_description_tokens)": row.edge_cut}
 
 
 def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1,
                    text_units: DataFrame | None = None) -> DataFrame:
     """Entity nodes without degree columns (added by ``add_degrees``); ``descriptions`` in source
-    order needs ``text_units`` (see the module docstring).
+    order needs ``text_units`` (see the module docstring)."""
+    return (entity_nodes(instances, cfg, text_units).where(F.col("frequency") >= min_mentions)
+            .drop("_cut", "_mentions"))
+
+
+def entity_nodes(instances: DataFrame, cfg: GraphConfig, text_units: DataFrame | None = None) -> DataFrame:
+    """``build_entities`` before the ``min_mentions`` filter, with the columns its drops are counted
+    from: ``_mentions`` (instances per node) and ``_cut`` (descriptions over the token budget).
 
     One pass over the instances: counted per (title, type, description), then moved once to
     their title's partition, where type and description totals are windows and the node is one
@@ -175,8 +205,9 @@ def build_entities(instances: DataFrame, cfg: GraphConfig, min_mentions: int = 1
         F.sort_array(F.collect_set(F.struct((-F.col("type_count")).alias("rank"), F.col("type"))))[0]["type"].alias("type"),
         F.sort_array(F.collect_set("type")).alias("type_variants"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
-        _ordered_descriptions(F.col("description_count"), F.col("first_position")).alias("descriptions"))
-    nodes = nodes.withColumn("frequency", F.size("text_unit_ids").cast("long")).where(F.col("frequency") >= min_mentions)
+        _ordered_descriptions(F.col("description_count"), F.col("first_position")).alias("descriptions"),
+        F.sum("n").alias("_mentions"))
+    nodes = nodes.withColumn("frequency", F.size("text_unit_ids").cast("long"))
     return _with_description_budget(nodes, cfg.max_description_tokens).withColumn("id", _content_id("title"))
 
 
@@ -189,7 +220,13 @@ def build_relationships(instances: DataFrame, entities: DataFrame, cfg: GraphCon
 
 def candidate_relationships(instances: DataFrame, cfg: GraphConfig, text_units: DataFrame | None = None) -> DataFrame:
     """Every undirected weighted edge the instances name, whether or not its endpoints are entities.
-    Fewer rows than these in ``between_entities``: the edges ``dropped_relationships`` counts.
+    Fewer rows than these in ``between_entities``: the edges ``dropped_relationships`` counts."""
+    return counted_relationships(instances, cfg, text_units).drop("_cut", "_instances")
+
+
+def counted_relationships(instances: DataFrame, cfg: GraphConfig, text_units: DataFrame | None = None) -> DataFrame:
+    """``candidate_relationships`` with the columns its drops are counted from: ``_instances`` (instances
+    per edge) and ``_cut`` (descriptions over the token budget).
 
     One pass over the instances: aggregated per (edge, description), then per edge.
     """
@@ -205,7 +242,8 @@ def candidate_relationships(instances: DataFrame, cfg: GraphConfig, text_units: 
     edges = counted.groupBy("source", "target").agg(
         F.sum("weight").cast("double").alias("weight"),
         F.sort_array(F.array_distinct(F.flatten(F.collect_list("text_unit_ids")))).alias("text_unit_ids"),
-        _ordered_descriptions(F.col("n"), F.col("position")).alias("descriptions"))
+        _ordered_descriptions(F.col("n"), F.col("position")).alias("descriptions"),
+        F.sum("n").alias("_instances"))
     return _with_description_budget(edges, cfg.max_description_tokens)
 
 
@@ -256,3 +294,188 @@ def key_claims(claims: DataFrame, cfg: GraphConfig) -> DataFrame:
     keyed = _with_name_keys(claims, {"_subject": "subject", "_object": "object"}, cfg.name_matching)
     return (keyed.drop("subject", "object").withColumnRenamed("_subject", "subject")
             .withColumnRenamed("_object", "object").select(columns))
+
+
+# ------------------------------------------------------------------ the driver path (small graphs)
+#
+# The same tables as the Spark SQL path above, computed in plain Python from the instances
+# collected to the driver. On a small corpus the SQL path's cost is its Spark jobs (one per
+# shuffle, most of a minute on a loaded machine for a few thousand rows); this path is one
+# collect per input table. The rules are those of the SQL path, rule for rule (``tests``
+# compare both on the sample corpus).
+
+
+@dataclass
+class DriverGraph:
+    """Entity and relationship rows (``tables.SCHEMAS`` columns plus ``descriptions``) and the drop counts."""
+
+    entities: pd.DataFrame
+    relationships: pd.DataFrame
+    dropped: dict[str, int]
+
+
+def _first(values: list, key) -> object:
+    return min(values, key=key) if values else None
+
+
+def _null_first(value: str | None) -> tuple[bool, str]:
+    """A sort key that orders None before every string, as Spark orders nulls in ascending sorts."""
+    return (value is not None, value or "")
+
+
+def _described(description: str | None) -> bool:
+    """Spark's ``length(trim(description)) > 0``: ``trim`` strips only spaces."""
+    return description is not None and len(description.strip(" ")) > 0
+
+
+def _budgeted(descriptions: list[str], max_tokens: int) -> list[str]:
+    """``_with_description_budget`` for one list: within ``max_tokens`` bytes it fits as is."""
+    if sum(len(d.encode("utf-8")) for d in descriptions) <= max_tokens:
+        return descriptions
+    return keep_within_budget(descriptions, max_tokens)
+
+
+def instance_positions(text_units: pd.DataFrame | None) -> dict[str, str | None]:
+    """``_source_positions``' position per text unit id: ``document_id:chunk_index`` (padded to 10 digits)."""
+    if text_units is None:
+        return {}
+    return {unit: None if document is None or pd.isna(index) else f"{document}:{str(int(index)).rjust(10, '0')[:10]}"
+            for unit, document, index in zip(text_units["id"], text_units["document_id"], text_units["chunk_index"])}
+
+
+def _position(unit: str | None, positions: dict[str, str | None]) -> str | None:
+    position = positions.get(unit) if unit is not None else None
+    return position if position is not None else unit
+
+
+def _key(name: str | None, mode: str) -> str | None:
+    return None if name is None else normalize_name(name, mode)
+
+
+def driver_entities(instances: pd.DataFrame, cfg: GraphConfig, min_mentions: int,
+                    positions: dict[str, str | None]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """``build_entities`` over collected instances (name, type, text_unit_id, description), and the
+    counts of what it drops: instances without a name, names below ``min_mentions``, descriptions over
+    the token budget."""
+    groups: dict[tuple, list] = {}  # (title, type, description) -> [instances, text units, first position]
+    unnamed = 0
+    for name, kind, unit, description in zip(instances["name"], instances["type"], instances["text_unit_id"],
+                                             instances["description"]):
+        title = _key(name, cfg.name_matching)
+        if not title:
+            unnamed += 1
+            continue
+        group = groups.setdefault((title, kind, description), [0, set(), None])
+        group[0] += 1
+        if unit is not None:
+            group[1].add(unit)
+        position = _position(unit, positions)
+        if position is not None and (group[2] is None or position < group[2]):
+            group[2] = position
+    by_title: dict[str, dict] = {}
+    for (title, kind, description), (n, units, position) in groups.items():
+        node = by_title.setdefault(title, {"types": {}, "descriptions": {}, "units": set()})
+        node["types"][kind] = node["types"].get(kind, 0) + n
+        count, first = node["descriptions"].get(description, (0, None))
+        if position is not None and (first is None or position < first):
+            first = position
+        node["descriptions"][description] = (count + n, first)
+        node["units"] |= units
+    rows, below, cut = [], 0, 0
+    for title, node in by_title.items():
+        if len(node["units"]) < min_mentions:
+            below += 1
+            continue
+        types = node["types"]
+        ordered = sorted(((-count, _null_first(first), d) for d, (count, first) in node["descriptions"].items()
+                          if _described(d)))
+        descriptions = [d for _, _, d in ordered]
+        kept = _budgeted(descriptions, cfg.max_description_tokens)
+        cut += len(descriptions) - len(kept)
+        rows.append({"id": content_id(title), "title": title,
+                     "type": _first(list(types), key=lambda t: (-types[t], _null_first(t))),
+                     "type_variants": sorted(t for t in types if t is not None),
+                     "description": "\n".join(kept) if kept else None, "descriptions": kept,
+                     "text_unit_ids": sorted(node["units"]), "frequency": len(node["units"])})
+    dropped = {"entity instances dropped (no name)": unnamed,
+               "entities dropped (below extraction.nlp.min_entity_mentions)": below,
+               "entity descriptions dropped (over graph.max_description_tokens)": cut}
+    columns = ["id", "title", "type", "type_variants", "description", "descriptions", "text_unit_ids", "frequency"]
+    return pd.DataFrame(rows, columns=columns), dropped
+
+
+def driver_relationships(instances: pd.DataFrame, titles: set[str], cfg: GraphConfig,
+                         positions: dict[str, str | None]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """``build_relationships`` over collected instances (source, target, text_unit_id, description,
+    strength) between ``titles``, and the counts of what it drops."""
+    groups: dict[tuple, list] = {}  # (source, target, description) -> [instances, weight, text units, first position]
+    loops = 0
+    for source, target, unit, description, strength in zip(instances["source"], instances["target"],
+                                                           instances["text_unit_id"], instances["description"],
+                                                           instances["strength"]):
+        a, b = _key(source, cfg.name_matching), _key(target, cfg.name_matching)
+        if a is None or b is None or a == b:
+            loops += 1
+            continue
+        group = groups.setdefault((min(a, b), max(a, b), description), [0, 0.0, set(), None])
+        group[0] += 1
+        group[1] += 1.0 if cfg.edge_weight == "count" or strength is None or pd.isna(strength) else float(strength)
+        if unit is not None:
+            group[2].add(unit)
+        position = _position(unit, positions)
+        if position is not None and (group[3] is None or position < group[3]):
+            group[3] = position
+    edges: dict[tuple[str, str], dict] = {}
+    for (source, target, description), (n, weight, units, position) in groups.items():
+        edge = edges.setdefault((source, target), {"weight": 0.0, "units": set(), "descriptions": []})
+        edge["weight"] += weight
+        edge["units"] |= units
+        if _described(description):
+            edge["descriptions"].append((-n, _null_first(position), description))
+    rows, foreign, cut = [], 0, 0
+    for (source, target), edge in edges.items():
+        if source not in titles or target not in titles:
+            foreign += 1
+            continue
+        descriptions = [d for _, _, d in sorted(edge["descriptions"])]
+        kept = _budgeted(descriptions, cfg.max_description_tokens)
+        cut += len(descriptions) - len(kept)
+        rows.append({"id": content_id(source, target), "source": source, "target": target,
+                     "description": "\n".join(kept) if kept else None, "descriptions": kept,
+                     "weight": float(edge["weight"]), "text_unit_ids": sorted(edge["units"])})
+    dropped = {"relationship instances dropped (self-loop or no name)": loops,
+               "relationships dropped (endpoint not an entity)": foreign,
+               "relationship descriptions dropped (over graph.max_description_tokens)": cut}
+    columns = ["id", "source", "target", "description", "descriptions", "weight", "text_unit_ids"]
+    return pd.DataFrame(rows, columns=columns), dropped
+
+
+def driver_degrees(entities: pd.DataFrame, relationships: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``add_degrees``: degree per node, combined degree per edge, and the same rank-ordered human-readable ids."""
+    sources, targets = relationships["source"].tolist(), relationships["target"].tolist()
+    degree: dict[str, int] = {}
+    for title in sources + targets:
+        degree[title] = degree.get(title, 0) + 1
+    titles = entities["title"].tolist()
+    degrees = [degree.get(t, 0) for t in titles]
+    order = sorted(range(len(titles)), key=lambda i: (-degrees[i], titles[i]))
+    entities = entities.assign(degree=degrees).iloc[order].reset_index(drop=True)
+    entities["human_readable_id"] = range(len(entities))
+    combined = [degree[s] + degree[t] for s, t in zip(sources, targets)]
+    weights, ids = relationships["weight"].tolist(), relationships["id"].tolist()
+    order = sorted(range(len(ids)), key=lambda i: (-combined[i], -weights[i], ids[i]))
+    relationships = relationships.assign(combined_degree=combined).iloc[order].reset_index(drop=True)
+    relationships["human_readable_id"] = range(len(relationships))
+    return (entities.astype({"degree": "int64", "frequency": "int64", "human_readable_id": "int64"}),
+            relationships.astype({"combined_degree": "int64", "human_readable_id": "int64", "weight": "float64"}))
+
+
+def driver_graph(entity_instances: pd.DataFrame, relationship_instances: pd.DataFrame, cfg: GraphConfig,
+                 min_mentions: int = 1, text_units: pd.DataFrame | None = None) -> DriverGraph:
+    """The graph stage's entities and relationships (with degrees and ids) from collected instances (pure)."""
+    positions = instance_positions(text_units)
+    entities, entity_drops = driver_entities(entity_instances, cfg, min_mentions, positions)
+    relationships, relationship_drops = driver_relationships(relationship_instances, set(entities["title"]), cfg,
+                                                             positions)
+    entities, relationships = driver_degrees(entities, relationships)
+    return DriverGraph(entities, relationships, {**entity_drops, **relationship_drops})

@@ -24,6 +24,7 @@ from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from graphrag_spark import progress
 from graphrag_spark import tables as T
@@ -211,13 +212,10 @@ def _carry_descriptions(current: DataFrame, before: DataFrame | None) -> DataFra
 def graph_stage(run: Run) -> None:
     store, cfg = run.store, run.cfg
     min_mentions = cfg.extraction.nlp.min_entity_mentions if cfg.extraction.method == "nlp" else 1
-    text_units = store.read(T.TEXT_UNITS)
-    nodes = graph.build_entities(store.read(T.ENTITY_INSTANCES), cfg.graph, min_mentions, text_units).persist()
-    # Persisted too: the degrees, the entities and the relationships written all read the edges, and
-    # the candidates' count is the dropped edges' (the instances are keyed once, not again to count).
-    candidates = graph.candidate_relationships(store.read(T.RELATIONSHIP_INSTANCES), cfg.graph, text_units).persist()
-    edges = graph.between_entities(candidates, nodes).persist()
-    entities, relationships = graph.add_degrees(nodes, edges, resolve_backend(run.spark, cfg.graph.backend))
+    instances = run.summary.counts.get("entity instances", 0) + run.summary.counts.get("relationship instances", 0)
+    on_driver = instances <= cfg.graph.driver_max_instances
+    built = (_driver_graph if on_driver else _spark_graph)(run, min_mentions)
+    entities, relationships = built.entities, built.relationships
     rows = {}
     for name, frame in ((T.ENTITIES, entities), (T.RELATIONSHIPS, relationships)):
         before = run.before(name)
@@ -232,19 +230,75 @@ def graph_stage(run: Run) -> None:
         # The lists the summaries are written from, kept (scratch tables) so the summary stage does not
         # aggregate the instances again; only elements with two or more descriptions are summarized.
         several = F.size("descriptions") >= 2
-        run.described = {T.ENTITIES: store.checkpoint(nodes.where(several).select("title", "descriptions"),
+        run.described = {T.ENTITIES: store.checkpoint(built.nodes.where(several).select("title", "descriptions"),
                                                       "described_entities"),
-                         T.RELATIONSHIPS: store.checkpoint(edges.where(several).select("source", "target", "descriptions"),
+                         T.RELATIONSHIPS: store.checkpoint(built.edges.where(several)
+                                                           .select("source", "target", "descriptions"),
                                                            "described_relationships")}
-    run.summary.counts["relationships dropped (endpoint not an entity)"] = candidates.count() - rows[T.RELATIONSHIPS]
-    for frame in (nodes, candidates, edges):  # the persisted frames, not add_degrees' results
+    run.summary.counts["graph aggregated"] = "on the driver" if on_driver else "in Spark SQL"
+    run.summary.counts.update(built.dropped())
+    isolated = built.isolated()
+    for frame in built.persisted:
         frame.unpersist()
     run.summary.counts["entities"] = rows[T.ENTITIES]
     run.summary.counts["relationships"] = rows[T.RELATIONSHIPS]
     run.summary.counts["claims"] = run.counted[T.CLAIMS] if T.CLAIMS in run.counted else store.read(T.CLAIMS).count()
     # No edge: in no community (Leiden partitions the edge graph), so in no report; kept in the
     # entities table and its embeddings, so local search still finds them.
-    run.summary.counts["isolated entities (no relationship)"] = store.read(T.ENTITIES).where(F.col("degree") == 0).count()
+    run.summary.counts["isolated entities (no relationship)"] = isolated
+
+
+@dataclass
+class BuiltGraph:
+    """The graph stage's frames before they are written: ``nodes`` and ``edges`` carry the description
+    lists; ``dropped`` and ``isolated`` give the summary's counts once the tables are written."""
+
+    entities: DataFrame
+    relationships: DataFrame
+    nodes: DataFrame
+    edges: DataFrame
+    dropped: Callable[[], dict[str, int]]
+    isolated: Callable[[], int]
+    persisted: tuple[DataFrame, ...] = ()
+
+
+def _spark_graph(run: Run, min_mentions: int) -> BuiltGraph:
+    """Spark SQL over the instance tables (a corpus of any size)."""
+    store, cfg = run.store, run.cfg
+    text_units = store.read(T.TEXT_UNITS)
+    all_nodes = graph.entity_nodes(store.read(T.ENTITY_INSTANCES), cfg.graph, text_units).persist()
+    nodes = all_nodes.where(F.col("frequency") >= min_mentions).drop("_cut", "_mentions")
+    # Persisted too: the degrees, the entities and the relationships written all read the edges, and
+    # the drop counts read the candidates (the instances are keyed once, not again to count).
+    candidates = graph.counted_relationships(store.read(T.RELATIONSHIP_INSTANCES), cfg.graph, text_units).persist()
+    edges = graph.between_entities(candidates, nodes).persist()
+    entities, relationships = graph.add_degrees(nodes, edges.drop("_cut", "_instances"),
+                                                resolve_backend(run.spark, cfg.graph.backend))
+    counts = run.summary.counts
+    return BuiltGraph(entities, relationships, nodes, edges,
+                      dropped=lambda: graph.drop_counts(all_nodes, candidates, edges, min_mentions,
+                                                        counts["entity instances"], counts["relationship instances"]),
+                      isolated=lambda: store.read(T.ENTITIES).where(F.col("degree") == 0).count(),
+                      persisted=(all_nodes, candidates, edges))
+
+
+def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
+    """``graph.driver_graph`` over the collected instances (a small corpus): one collect per table."""
+    spark, store, cfg = run.spark, run.store, run.cfg
+    built = graph.driver_graph(
+        store.read(T.ENTITY_INSTANCES).select("name", "type", "text_unit_id", "description").toPandas(),
+        store.read(T.RELATIONSHIP_INSTANCES).select("source", "target", "text_unit_id", "description", "strength").toPandas(),
+        cfg.graph, min_mentions, store.read(T.TEXT_UNITS).select("id", "document_id", "chunk_index").toPandas())
+    descriptions = StructField("descriptions", ArrayType(StringType()))
+
+    def frame(rows, name: str) -> DataFrame:
+        schema = StructType(T.SCHEMAS[name].fields + [descriptions])
+        return spark.createDataFrame(rows[schema.fieldNames()], schema)
+
+    entities, relationships = frame(built.entities, T.ENTITIES), frame(built.relationships, T.RELATIONSHIPS)
+    isolated = int((built.entities["degree"] == 0).sum())
+    return BuiltGraph(entities, relationships, entities, relationships, dropped=lambda: built.dropped,
+                      isolated=lambda: isolated)
 
 
 def summarize_stage(run: Run) -> None:
@@ -260,7 +314,9 @@ def communities_stage(run: Run) -> None:
                                               cfg.communities, cfg.graph.largest_component_only,
                                               resolve_backend(run.spark, cfg.graph.backend),
                                               previous=run.before(T.COMMUNITIES),
-                                              previous_relationships=run.before(T.RELATIONSHIPS))
+                                              previous_relationships=run.before(T.RELATIONSHIPS),
+                                              on_driver=run.summary.counts["entities"] + run.summary.counts["relationships"]
+                                              <= cfg.graph.driver_max_instances)
     store.write(table, T.COMMUNITIES)
     run.summary.counts["communities per level"] = counts["communities_per_level"]
     run.summary.counts["entities not clustered"] = run.summary.counts["entities"] - counts["clustered_entities"]
