@@ -18,6 +18,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import RefreshConfig
 from graphrag_spark.index import runs
 from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.index.refresh import same_rows
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import SAMPLE_CORPUS
@@ -159,6 +160,8 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
     assert nothing.counts["nothing changed"] and nothing.counts["documents unchanged"] == n_documents_a + 1
     assert sum(nothing.seconds.get(stage, 0) for stage in ("graph", "communities", "community_reports")) == 0
     assert _published(spark, cfg).versions[T.ENTITIES] == after.versions[T.ENTITIES]
+    # The same documents again: not even the documents table is rewritten.
+    assert _published(spark, cfg).versions[T.DOCUMENTS] == after.versions[T.DOCUMENTS]
 
     # Deletion: nothing published refers to the document, its text units, or what only it supported.
     deleted = after.read(T.DOCUMENTS).where(F.col("source").endswith(B_NAME)).collect()[0]
@@ -234,3 +237,15 @@ def test_vacuum_deletes_files_only_old_versions_use_and_restores_the_listing_wid
     retention.vacuum(store, 0)
     assert len(files()) == 1 and [r.text for r in store.read(T.DOCUMENTS).collect()] == ["what is left"]
     assert spark.conf.get(retention._LISTING_PARALLELISM) == listing
+
+
+def test_same_rows_sees_any_changed_value_or_multiplicity(spark):
+    schema = "id string, metadata map<string,string>, n long"
+    rows = [("a", {"k": "1"}, 1), ("b", None, 2)]
+    published = spark.createDataFrame(rows, schema)
+    columns = ["id", "metadata", "n"]
+    assert same_rows([(spark.createDataFrame(rows[::-1], schema), published, columns)])
+    for other in ([("a", {"k": "2"}, 1), rows[1]], [rows[0], ("b", None, 3)], rows + [rows[1]], rows[:1]):
+        assert not same_rows([(spark.createDataFrame(other, schema), published, columns)]), other
+    # Pairs are told apart: the same rows under another pair do not balance out.
+    assert not same_rows([(published, published.limit(1), columns), (published.limit(1), published, columns)])

@@ -36,7 +36,7 @@ from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents, build_documents_from_changes, source_table_version
 from graphrag_spark.index.embed import build_embeddings
 from graphrag_spark.index.graph_backend import resolve_backend
-from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers
+from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
 from graphrag_spark.llm.stage import StageUsage, new_run_id
 
@@ -93,6 +93,7 @@ class Run:
     changed: dict[str, DataFrame] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
+    documents_written: bool = True  # False: the input was the published documents again, nothing written
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -136,6 +137,16 @@ def documents_stage(run: Run) -> None:
     cfg, store = run.cfg, run.store
     before = run.before(T.DOCUMENTS)
     documents, rejects, counts = read_documents(run, before)
+    if before is not None and counts["documents"] and _as_published(run, documents, rejects):
+        # The published rows again (a warm rerun): nothing is written and nothing downstream runs.
+        run.documents_written = False
+        run.diff = DocumentDiff({"new": 0, "changed": 0, "deleted": 0,
+                                 "unchanged": counts["documents"] + counts["duplicates"]},
+                                *(run.spark.createDataFrame([], "id string") for _ in range(2)), 0, 0)
+        run.summary.counts.update({"documents": counts["documents"], "duplicate documents": counts["duplicates"],
+                                   "rejected inputs": counts["rejected"]})
+        run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
+        return
     store.write(rejects, T.INPUT_REJECTS)
     n_documents = store.write(documents, T.DOCUMENTS)
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
@@ -146,6 +157,16 @@ def documents_stage(run: Run) -> None:
     if before is not None:
         run.diff = diff_documents(store.read(T.DOCUMENTS), before)
         run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
+
+
+def _as_published(run: Run, documents: DataFrame, rejects: DataFrame) -> bool:
+    """Whether the documents and rejects just read are the published tables' rows (one Spark job)."""
+    pairs = []
+    for name, frame in ((T.DOCUMENTS, documents), (T.INPUT_REJECTS, rejects)):
+        columns = [f.name for f in T.SCHEMAS[name].fields]
+        typed = frame.select([frame[f.name].cast(f.dataType).alias(f.name) for f in T.SCHEMAS[name].fields])
+        pairs.append((typed, run.before(name), columns))
+    return same_rows(pairs)
 
 
 def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataFrame, dict]:
@@ -496,7 +517,8 @@ def _run_stages(run: Run, published) -> dict[str, int]:
         # The other tables stay published as they are, whatever a failed run may have written since.
         run.summary.counts["nothing changed"] = "published tables kept"
         documents = next(stage for stage in stages if stage.name == "documents")
-        return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in documents.outputs}}
+        written = documents.outputs if run.documents_written else ()
+        return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in written}}
     return runs.current_versions(run.store)
 
 

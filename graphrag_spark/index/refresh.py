@@ -46,6 +46,21 @@ def diff_documents(current: DataFrame, previous: DataFrame) -> DocumentDiff:
     return DocumentDiff(counts, added, removed, added.count(), removed.count())
 
 
+def same_rows(pairs: list[tuple[DataFrame, DataFrame, list[str]]]) -> bool:
+    """Whether each (current, published, columns) pair holds the same rows (as multisets, over
+    ``columns``), all pairs checked in one Spark job: a rerun on unchanged input then writes nothing."""
+    def hashed(frame: DataFrame, columns: list[str], tag: int, sign: int) -> DataFrame:
+        row = F.sha2(F.to_json(F.struct(F.lit(tag).alias("_table"), *columns)), 256)
+        return frame.select(row.alias("row"), F.lit(sign).alias("side"))
+
+    sides = [hashed(frame, columns, tag, sign) for tag, (current, published, columns) in enumerate(pairs)
+             for frame, sign in ((current, 1), (published, -1))]
+    union = sides[0]
+    for side in sides[1:]:
+        union = union.unionByName(side)
+    return not union.groupBy("row").agg(F.sum("side").alias("n")).where(F.col("n") != 0).take(1)
+
+
 def keep_numbers(frame: DataFrame, previous: DataFrame | None, order: list[str]) -> DataFrame:
     """``frame`` with ``human_readable_id``: an id of ``previous`` keeps its number; new ids are
     numbered after the largest previous number, ascending by the ``order`` columns (nothing is ever
