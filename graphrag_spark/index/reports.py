@@ -291,9 +291,9 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
             carried = (copies.join(all_communities.where(F.col("level") == level).select("community", "id", "level"), "community")
                        .join(finer.select(F.col("community").alias("child"), *child_columns), "child"))
             level_reports = level_reports.unionByName(generate_level_reports(carried, reused_report))
-        store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
+        # The commit's row count (the deepest level overwrites, so each commit holds one level's rows).
+        per_level[level] = store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
         finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
-        per_level[level] = finer.count()
     counts = {"reports per level": dict(sorted(per_level.items())),
               "reports reused (same members as a sub-community)": len(reused),
               "contexts with substituted sub-reports": dict(sorted(substituted.items())),
