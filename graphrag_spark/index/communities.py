@@ -218,23 +218,26 @@ def touched_nodes(entities: DataFrame, relationships: DataFrame, previous_relati
 def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataFrame,
                   cfg: CommunitiesConfig, largest_component_only: bool, graph_backend: str = "sql",
                   previous: DataFrame | None = None, previous_relationships: DataFrame | None = None,
-                  on_driver: bool = False) -> tuple[DataFrame, dict]:
+                  on_driver: bool = False, collected: tuple[pd.DataFrame, pd.DataFrame] | None = None
+                  ) -> tuple[DataFrame, dict]:
     """The communities table (Spark) and counts for the run summary. ``graph_backend`` ``graphframes``
     finds the largest component in the executors (GraphFrames) before the edges reach the driver.
     A refresh passes the last run's communities and relationships: Leiden is seeded with its level-0
     partition, untouched communities are kept whole (``keep_untouched``) and community numbers are kept.
     ``on_driver`` (a small graph): both tables are collected once and the communities table is built in
-    pandas (``community_rows``), not in a Spark job per join."""
-    collected = None
+    pandas (``community_rows``), not in a Spark job per join; ``collected`` (the rows of both tables, as
+    the graph stage wrote them) saves reading them back."""
     if on_driver and not (largest_component_only and graph_backend == "graphframes"):
-        collected = (entities.select("human_readable_id", "id", "title", "degree").toPandas(),
-                     relationships.select("id", "source", "target", "weight", "text_unit_ids").toPandas())
+        if collected is None:
+            collected = (entities.select("human_readable_id", "id", "title", "degree").toPandas(),
+                         relationships.select("id", "source", "target", "weight", "text_unit_ids").toPandas())
         sources, targets, weights = driver_edges(*collected)
         n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
         if largest_component_only and len(sources):
             keep = largest_component_mask(sources, targets)
             sources, targets, weights = sources[keep], targets[keep], weights[keep]
     elif largest_component_only and graph_backend == "graphframes":
+        collected = None
         from graphrag_spark.index.graph_backend import largest_component_nodes
 
         edges = node_edges(entities, relationships).persist()
@@ -244,6 +247,7 @@ def cluster_graph(spark: SparkSession, entities: DataFrame, relationships: DataF
                                                        "s", "left_semi"))
         edges.unpersist()
     else:
+        collected = None
         sources, targets, weights = collect_edges(entities, relationships)
         n_nodes = len(np.unique(np.concatenate([sources, targets]))) if len(sources) else 0
         if largest_component_only and len(sources):

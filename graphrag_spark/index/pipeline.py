@@ -94,6 +94,9 @@ class Run:
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
     documents_written: bool = True  # False: the input was the published documents again, nothing written
+    # A full build's entity and relationship rows as the graph stage wrote them on the driver (small graphs),
+    # so the communities do not read them back.
+    graph_rows: tuple | None = None
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -318,6 +321,9 @@ def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
 
     entities, relationships = frame(built.entities, T.ENTITIES), frame(built.relationships, T.RELATIONSHIPS)
     isolated = int((built.entities["degree"] == 0).sum())
+    if run.previous is None:  # written as they are (a refresh renumbers them)
+        run.graph_rows = (built.entities[["human_readable_id", "id", "title", "degree"]],
+                          built.relationships[["id", "source", "target", "weight", "text_unit_ids"]])
     return BuiltGraph(entities, relationships, entities, relationships, dropped=lambda: built.dropped,
                       isolated=lambda: isolated)
 
@@ -337,7 +343,7 @@ def communities_stage(run: Run) -> None:
                                               previous=run.before(T.COMMUNITIES),
                                               previous_relationships=run.before(T.RELATIONSHIPS),
                                               on_driver=run.summary.counts["entities"] + run.summary.counts["relationships"]
-                                              <= cfg.graph.driver_max_instances)
+                                              <= cfg.graph.driver_max_instances, collected=run.graph_rows)
     store.write(table, T.COMMUNITIES)
     run.summary.counts["communities per level"] = counts["communities_per_level"]
     run.summary.counts["entities not clustered"] = run.summary.counts["entities"] - counts["clustered_entities"]
