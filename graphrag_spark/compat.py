@@ -7,10 +7,13 @@ here first and takes the Connect-safe path when it must.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql import SparkSession
 
 # Under Connect with neither setting given (Databricks serverless sizes shuffles itself): tasks per LLM wave.
 CONNECT_FALLBACK_PARALLELISM = 8
+_MESSAGE_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -36,5 +39,8 @@ def analysis_condition(exc: BaseException) -> str | None:
 
     if not isinstance(exc, AnalysisException):
         return None
-    condition = getattr(exc, "getCondition", None) or exc.getErrorClass  # getErrorClass: pyspark 3.5
-    return condition()
+    condition = (getattr(exc, "getCondition", None) or exc.getErrorClass)()  # getErrorClass: pyspark 3.5
+    if condition is None:  # a pyspark 3.5 Connect client gets only the server's message, "[CONDITION] ..."
+        named = _MESSAGE_CONDITION.match(str(exc))
+        condition = named.group(1) if named else None
+    return condition

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import CONNECT_FALLBACK_PARALLELISM, default_parallelism, is_connect
+from graphrag_spark.compat import CONNECT_FALLBACK_PARALLELISM, analysis_condition, default_parallelism, is_connect
 from graphrag_spark.config import StorageConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.query.api import GraphRagIndex
@@ -34,6 +34,16 @@ def test_connect_parallelism_comes_from_the_session_conf():
     assert default_parallelism(_connect_like({"spark.sql.shuffle.partitions": "3"})) == 3
     # Databricks serverless: "auto" shuffle partitions, no default parallelism.
     assert default_parallelism(_connect_like({"spark.sql.shuffle.partitions": "auto"})) == CONNECT_FALLBACK_PARALLELISM
+
+
+def test_an_error_condition_is_read_from_the_message_where_the_client_gets_only_that():
+    """A pyspark 3.5 Connect client's AnalysisException has no condition, only the server's "[CONDITION] ..." text."""
+    from pyspark.errors import AnalysisException
+
+    assert analysis_condition(AnalysisException("[PATH_NOT_FOUND] Path does not exist: /x.")) == "PATH_NOT_FOUND"
+    assert analysis_condition(AnalysisException("[DELTA_MISSING_DELTA_TABLE.SUB] x")) == "DELTA_MISSING_DELTA_TABLE.SUB"
+    assert analysis_condition(AnalysisException("Path [PATH_NOT_FOUND] quoted later")) is None
+    assert analysis_condition(ValueError("[PATH_NOT_FOUND] not an analysis error")) is None
 
 
 @pytest.mark.spark
