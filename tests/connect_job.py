@@ -54,6 +54,12 @@ def index_rows(spark, cfg) -> dict:
     return rows
 
 
+def plain(value):
+    """JSON for what json cannot write: a numpy scalar as its Python value (a pyspark 3.5 Connect client's
+    ``DataFrame.count()`` returns numpy.int64), anything else as its text."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
 def _answer(result) -> dict:
     return {"answer": result.answer, "level": result.level, "context_units": result.context_units,
             "context_tokens": result.context_tokens, "llm_calls": result.llm_calls}
@@ -121,7 +127,7 @@ def main(argv: list[str]) -> None:
         verdict["llm_index"] = {"summary_counts": {k: str(v) for k, v in llm_summary.counts.items()},
                                 "rows": index_rows(spark, llm_cfg),
                                 "calls": {u.stage: u.calls for u in llm_summary.usage}}
-    Path(args.out).write_text(json.dumps(verdict, indent=1, default=str))
+    Path(args.out).write_text(json.dumps(verdict, indent=1, default=plain))
     spark.stop()
 
 

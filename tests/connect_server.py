@@ -1,6 +1,7 @@
 """A local Spark Connect server with Delta, as Databricks serverless and shared clusters present one.
 
-pyspark ships the server (``pyspark/jars/spark-connect_*.jar``); it runs as its own JVM with its own
+pyspark 4 ships the server (``pyspark/jars/spark-connect_*.jar``); pyspark 3.5 does not, so its JAR is
+resolved from Maven Central (``SPARK3_CONNECT_SERVER_VERSION``). It runs as its own JVM with its own
 Python workers (the project's interpreter, so UDFs and ``mapInPandas`` import this library), bound
 to 127.0.0.1 on a free port, and is stopped with its whole process group.
 """
@@ -20,7 +21,12 @@ from typing import Iterator
 import pyspark
 
 from graphrag_spark.config import SparkConfig
+from graphrag_spark.jars import resolve_jars, scala_version
 from graphrag_spark.session import local_jars
+
+# Maven Central, as reached from here, lists spark-connect_2.12 up to 3.5.7 (3.5.9's POM is not found). One 3.5
+# Connect protocol: this server JAR on pyspark 3.5.9's Spark JARs serves a pyspark 3.5.9 client.
+SPARK3_CONNECT_SERVER_VERSION = "3.5.7"
 
 
 def _free_port() -> int:
@@ -37,6 +43,15 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def server_jars(spark_home: Path, ivy_cache: Path) -> list[str]:
+    """Delta's JARs, and under pyspark 3.5 the Connect server's, which pip's pyspark 3.5 leaves out."""
+    jars = local_jars(SparkConfig(ivy_cache=str(ivy_cache)))
+    if any((spark_home / "jars").glob("spark-connect_*.jar")):
+        return jars
+    coordinate = f"org.apache.spark:spark-connect_{scala_version(spark_home)}:{SPARK3_CONNECT_SERVER_VERSION}"
+    return [*jars, *map(str, resolve_jars([coordinate], ivy_cache))]
+
+
 @contextmanager
 def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) -> Iterator[str]:
     """Yields the server's ``sc://127.0.0.1:PORT`` URL once it accepts connections."""
@@ -46,7 +61,7 @@ def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) ->
         str(spark_home / "bin" / "spark-submit"),
         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
         "--master", "local[2]", "--driver-memory", "2g",
-        "--jars", ",".join(local_jars(SparkConfig(ivy_cache=str(ivy_cache)))),
+        "--jars", ",".join(server_jars(spark_home, ivy_cache)),
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",

@@ -15,7 +15,7 @@ from graphrag_spark.llm.server import start_server
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import REPO, SAMPLE_CORPUS, run_process
-from connect_job import INDEX_TABLES, LLM_CORPUS_FILE, LLM_KEY_ENV, QUESTIONS, api_answers, config, index_rows, llm_config
+from connect_job import INDEX_TABLES, LLM_CORPUS_FILE, LLM_KEY_ENV, QUESTIONS, api_answers, config, index_rows, llm_config, plain
 
 pytestmark = pytest.mark.spark
 
@@ -62,7 +62,7 @@ def test_the_index_job_on_connect_writes_the_classic_index(spark, sample_index, 
 
 def test_the_notebook_api_on_connect_answers_as_the_classic_session(spark, sample_index, connect_run, llm_server):
     connect_root, verdict = connect_run
-    classic = json.loads(json.dumps(api_answers(GraphRagIndex.load(spark, sample_index[0]), llm_server.base_url), default=str))
+    classic = json.loads(json.dumps(api_answers(GraphRagIndex.load(spark, sample_index[0]), llm_server.base_url), default=plain))
     for key, expected in classic.items():
         assert verdict[key] == expected, key
     assert verdict["llm_global"]["llm_calls"] >= 2 and "[Data: " in verdict["llm_global"]["answer"]
