@@ -19,8 +19,9 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
+
+from bench_offline import _jobs_per_stage  # benchmarks/ is on the path of a script run from it
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -29,27 +30,6 @@ CORPUS = REPO.parent / "shared" / "corpora" / "a_christmas_carol.txt"
 GOAL_S = 10.0
 NON_LLM = ("documents", "text_units", "graph", "communities", "retention")
 LLM_STAGES = {"extraction", "summarize_descriptions", "community_reports", "text_unit_embeddings", "entity_embeddings"}
-
-
-@contextmanager
-def _jobs_per_stage(spark, jobs: dict[str, int]):
-    """Counts the Spark jobs started inside each ``RunSummary.stage`` (one job group per stage)."""
-    from graphrag_spark.index import pipeline
-
-    timed = pipeline.RunSummary.stage
-
-    @contextmanager
-    def stage(self, name: str):
-        spark.sparkContext.setJobGroup(name, name)
-        with timed(self, name):
-            yield
-        jobs[name] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(name))
-
-    pipeline.RunSummary.stage = stage
-    try:
-        yield
-    finally:
-        pipeline.RunSummary.stage = timed
 
 
 def _call_sites(event_dir: Path) -> dict[str, dict[str, int]]:
@@ -97,7 +77,7 @@ def index_once(method: str, cores: int, show_jobs: bool, overrides: list[str]) -
         session_s = time.perf_counter() - started
         jobs: dict[str, int] = {}
         try:
-            with _jobs_per_stage(spark, jobs):
+            with _jobs_per_stage(spark, jobs, {}):  # CPU seconds per stage unused here
                 summary = run_index(spark, cfg)
         finally:
             spark.stop()
