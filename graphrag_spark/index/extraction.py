@@ -124,7 +124,7 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
         dropped["text units failed extraction (retried next run)"] = usage.failures
         if cfg.claims:
             dropped["text units failed claims (retried next run)"] = claims_usage.failures
-        counted = reduce(lambda a, b: a.unionByName(b), rejected)
+        counted = reduce(DataFrame.unionByName, rejected)
         per_reason = counted.groupBy("reason").agg(
             F.sum(F.coalesce(F.get_json_object("result", "$.rejected").cast("long"), F.lit(0))).alias("n")).collect()
         dropped.update({reason: 0 for reason in _REJECT_REASONS[:1 + cfg.claims]})

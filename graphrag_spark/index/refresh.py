@@ -10,6 +10,7 @@ derived from them retracted. A document that only moved to another source costs 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -53,11 +54,9 @@ def same_rows(pairs: list[tuple[DataFrame, DataFrame, list[str]]]) -> bool:
         row = F.sha2(F.to_json(F.struct(F.lit(tag).alias("_table"), *columns)), 256)
         return frame.select(row.alias("row"), F.lit(sign).alias("side"))
 
-    sides = [hashed(frame, columns, tag, sign) for tag, (current, published, columns) in enumerate(pairs)
-             for frame, sign in ((current, 1), (published, -1))]
-    union = sides[0]
-    for side in sides[1:]:
-        union = union.unionByName(side)
+    union = reduce(DataFrame.unionByName, [hashed(frame, columns, tag, sign)
+                                            for tag, (current, published, columns) in enumerate(pairs)
+                                            for frame, sign in ((current, 1), (published, -1))])
     return not union.groupBy("row").agg(F.sum("side").alias("n")).where(F.col("n") != 0).take(1)
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from functools import reduce
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -47,9 +48,7 @@ def obsolete_results(store: T.TableStore, cutoff: datetime) -> DataFrame:
     results = store.read(T.LLM_RESULTS).where(F.col("stage").isin(list(ITEM_TABLES)))
     used = [store.read(table).select(F.lit(stage).alias("stage"), F.col("id").alias("item_id"))
             for stage, table in ITEM_TABLES.items() if store.exists(table)]
-    used_items = used[0]
-    for frame in used[1:]:
-        used_items = used_items.unionByName(frame)
+    used_items = reduce(DataFrame.unionByName, used)
     latest = Window.partitionBy("stage", "item_id").orderBy(F.desc("created_at"), F.desc("item_key"))
     # In use: the newest answer to an item the index still has (and failures of such items, retried later).
     answers = (results.join(used_items, ["stage", "item_id"], "left_semi")
