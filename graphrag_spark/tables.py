@@ -271,8 +271,17 @@ class TableStore:
 
     def drop_scratch(self) -> None:
         """Remove the scratch tables this store wrote. A catalog table is dropped; a path is deleted through
-        Hadoop's file system, or on Spark Connect (no file system API) emptied, its files left to VACUUM."""
+        Hadoop's file system, or on Spark Connect (no file system API) emptied, its files left to VACUUM.
+
+        Every cached plan that reads one is uncached first: Spark re-plans the cached frames over a table after
+        each write to it, and one left over a deleted scratch table fails the next MERGE into that table
+        (``DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS``: the deleted path's snapshot has no columns). A cached frame
+        can outlive its ``unpersist``: CacheManager re-plans a cached entry outside its lock after a write
+        to a table the entry reads, and an ``unpersist`` from another thread in that window finds nothing
+        to remove, so the re-planned entry comes back (two LLM stages run at once, each with a cached frame
+        over ``llm_results``, which both write)."""
         for table in sorted(self._scratch):
+            self._uncache_readers(table)
             if self.storage.database:
                 self.spark.sql(f"DROP TABLE IF EXISTS {self.location(table)}")
             elif is_connect(self.spark):
@@ -282,6 +291,14 @@ class TableStore:
         if self._scratch and not self.storage.database and not is_connect(self.spark):
             self._delete_path(self.location(SCRATCH), only_if_empty=True)
         self._scratch.clear()
+
+    def _uncache_readers(self, table: str) -> None:
+        """Uncache every cached plan that reads ``table`` (a cascade ``unpersist``). On Spark Connect the
+        server's cache is out of reach; there the scratch table is emptied, not deleted, so a plan over it
+        still resolves."""
+        if is_connect(self.spark) or not self.exists(table):
+            return
+        self.spark._jsparkSession.sharedState().cacheManager().uncacheQuery(self.read(table)._jdf, True)
 
     def _delete_path(self, location: str, only_if_empty: bool = False) -> None:
         jvm = self.spark.sparkContext._jvm
@@ -335,28 +352,17 @@ class TableStore:
         view = f"merge_source_{name}"
         source.createOrReplaceTempView(view)
         changed = " OR ".join(f"NOT (t.`{f.name}` <=> s.`{f.name}`)" for f in schema.fields if f.name != key)
-        self._merge_sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
+        self.spark.sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
                         f"WHEN MATCHED AND ({changed}) THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
                         f"WHEN NOT MATCHED BY SOURCE THEN DELETE")
         self.spark.catalog.dropTempView(view)
         return self.read(name).count()
-
-    def _merge_sql(self, statement: str) -> None:
-        """Run a MERGE, once more if Delta finds the target's snapshot stale at planning time
-        (``DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS``, seen once in CI on a rebuild over an existing index):
-        it commits nothing then, and the statement analysed again reads the table's latest snapshot."""
-        try:
-            self.spark.sql(statement)
-        except Exception as exc:  # noqa: BLE001 - only the stale-snapshot condition is retried
-            if analysis_condition(exc) != "DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS":
-                raise
-            self.spark.sql(statement)
 
     def update_columns(self, df: DataFrame, name: str, columns: list[str], key: str = "id") -> None:
         """MERGE ``columns`` of the rows ``df`` names (by ``key``) into the table; other rows are untouched."""
         view = f"update_source_{name}"
         df.select(key, *columns).createOrReplaceTempView(view)
         assignments = ", ".join(f"t.`{c}` = s.`{c}`" for c in columns)
-        self._merge_sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
+        self.spark.sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
                         f"WHEN MATCHED THEN UPDATE SET {assignments}")
         self.spark.catalog.dropTempView(view)

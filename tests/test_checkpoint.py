@@ -28,3 +28,27 @@ def test_a_checkpoint_holds_its_rows_in_delta_and_is_dropped_after_the_run(spark
     store.drop_scratch()
     assert not (tmp_path / "index" / T.SCRATCH).exists()
     store.drop_scratch()  # nothing left to drop: no error
+
+
+def test_no_cached_plan_outlives_its_dropped_scratch_table(spark, tmp_path):
+    """A frame over a published table and a scratch table still cached when the run drops its scratch
+    (what Spark's CacheManager leaves when an unpersist races a write in another thread) is uncached with
+    it: else the next MERGE into the published table re-plans it over the deleted path and fails with
+    DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS (seen in CI: test_llm_index's full rebuild, after the summaries)."""
+    from pyspark import StorageLevel
+
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    store.write(spark.createDataFrame([("r1", "old")], "id string, description string"), "published")
+    described = store.checkpoint(spark.createDataFrame([("r1", "s", "t", ["d"])],
+                                                       "id string, source string, target string, descriptions array<string>"),
+                                 "described_relationships")
+    left_cached = store.read("published").join(described, "id").persist()
+    assert left_cached.count() == 1
+
+    store.drop_scratch()
+    assert left_cached.storageLevel == StorageLevel.NONE
+    spark.createDataFrame([("r1", "new")], "id string, description string").createOrReplaceTempView("merge_source")
+    spark.sql(f"MERGE INTO {store.sql_name('published')} t USING merge_source s ON t.id = s.id "
+              "WHEN MATCHED THEN UPDATE SET *")
+    spark.catalog.dropTempView("merge_source")
+    assert [tuple(r) for r in store.read("published").collect()] == [("r1", "new")]

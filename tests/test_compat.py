@@ -46,27 +46,6 @@ def test_an_error_condition_is_read_from_the_message_where_the_client_gets_only_
     assert analysis_condition(ValueError("[PATH_NOT_FOUND] not an analysis error")) is None
 
 
-def test_a_merge_planned_on_a_stale_snapshot_runs_once_more_and_no_other_error_does():
-    from pyspark.errors import AnalysisException
-
-    class _Session:
-        def __init__(self, errors):
-            self.errors, self.statements = list(errors), []
-
-        def sql(self, statement):
-            self.statements.append(statement)
-            if self.errors:
-                raise self.errors.pop(0)
-
-    stale = _Session([AnalysisException("[DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS] The schema of your Delta table has changed")])
-    T.TableStore(stale, StorageConfig(root="/x"))._merge_sql("MERGE INTO t")
-    assert stale.statements == ["MERGE INTO t", "MERGE INTO t"]
-    other = _Session([AnalysisException("[DELTA_CONCURRENT_APPEND] Files were added")])
-    with pytest.raises(AnalysisException):
-        T.TableStore(other, StorageConfig(root="/x"))._merge_sql("MERGE INTO t")
-    assert other.statements == ["MERGE INTO t"]
-
-
 @pytest.mark.spark
 def test_classic_parallelism_is_the_context_s(spark):
     assert not is_connect(spark) and default_parallelism(spark) == spark.sparkContext.defaultParallelism
