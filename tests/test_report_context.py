@@ -294,6 +294,13 @@ def test_a_community_carried_down_unchanged_reuses_its_sub_communitys_report():
     assert report["id"] != reused_report({"id": "c9", "community": 9, "level": 1, **child})["id"]
 
 
+
+def test_a_community_carried_down_over_several_levels_carries_the_one_reported_communitys_report():
+    from graphrag_spark.index.reports import report_origins
+
+    # 0 is carried down as 1, then as 2 (three levels, the same members); 4 is carried down as 5.
+    assert report_origins({0: 1, 1: 2, 4: 5}) == {0: 2, 1: 2, 4: 5}
+
 def test_a_context_that_fits_does_not_depend_on_the_sub_reports():
     """What lets every fitting community be reported at once, before the finer level is done."""
     from graphrag_spark.index.reports import build_context

@@ -16,13 +16,17 @@ LLM reports (``build_llm_reports``) are scheduled so the rate budget is not idle
   does not depend on any finer report (the paper's context is then its elements alone): all of
   them, at every level, are called in one LLM stage at once.
 - Only the communities that overflow and have sub-communities wait for the finer level: they are
-  called level by level, deepest first, with the finished sub-reports substituted.
+  called level by level, deepest first, with the finished sub-reports substituted. So are the
+  extractive stand-ins of failed calls with sub-communities (they name them; no call).
+- Every level is written in one commit: the levels with nothing waiting cost no Spark job of their
+  own (only a waiting level's reports are materialised, as the next level's sub-reports).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from functools import reduce
 from typing import Callable, Iterator
 
 import pandas as pd
@@ -104,6 +108,14 @@ def community_contexts(level_communities: DataFrame, entities: DataFrame, relati
                       .groupBy("community").agg(F.collect_list(F.struct(
                           "id", "human_readable_id", "subject", "type", "status", "description")).alias("claims")))
         contexts = contexts.join(claim_rows, "community", "left")
+    return with_sub_reports(contexts, finer_reports, finer_communities)
+
+
+def with_sub_reports(contexts: DataFrame, finer_reports: DataFrame | None,
+                     finer_communities: DataFrame | None = None) -> DataFrame:
+    """``contexts`` (``community_contexts`` rows, any ``sub_reports`` column replaced) with the finished
+    reports of their sub-communities in ``sub_reports`` (null without ``finer_reports``)."""
+    contexts = contexts.drop("sub_reports")
     if finer_reports is None:
         return contexts.withColumn("sub_reports", F.lit(None).cast(
             "array<struct<community:int,title:string,summary:string,full_content:string,method:string,"
@@ -200,6 +212,17 @@ def reused_reports(communities: pd.DataFrame) -> dict[int, int]:
             if len(as_list(children)) == 1 and size_of.get(int(children[0])) == int(size)}
 
 
+def report_origins(reused: dict[int, int]) -> dict[int, int]:
+    """Pure: community -> the community whose report it carries: a chain of copies (a community carried
+    down over several levels) ends at the one community that was reported."""
+    origins = {}
+    for community, origin in reused.items():
+        while origin in reused:
+            origin = reused[origin]
+        origins[community] = origin
+    return origins
+
+
 def reused_report(row: dict) -> dict:
     """Pure: the report of ``row["child"]`` (columns of a report row, prefixed ``child_``) as the report
     of the community ``row`` names; its id follows from both, so it is distinct and deterministic."""
@@ -209,7 +232,7 @@ def reused_report(row: dict) -> dict:
             "level": row["level"], **report, "findings": [dict(f) for f in as_list(row["child_findings"])]}
 
 
-def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
+def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, on_calling=lambda: None):
     """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
@@ -222,41 +245,48 @@ def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
         return await write_report(client, item["payload"], prompt, max_tokens, item["item_id"])
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
-                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
+                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature},
+                                   on_calling)
     return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
 
 
-def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) -> tuple[dict, list]:
+def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
+                      on_calling: Callable[[], None] = lambda: None) -> tuple[dict, list]:
     """The paper's LLM reports for every community (scheduled as the module docstring says), written to
-    ``community_reports``; a failed one falls back to extractive. Returns the run summary's counts and
-    the stages' usage."""
+    ``community_reports`` in one commit; a failed one falls back to extractive. Returns the run
+    summary's counts and the stages' usage. ``on_calling`` runs once the first reports are being
+    called (``run_llm_stage``)."""
     all_communities = store.read(T.COMMUNITIES)
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     shape = all_communities.select("community", "level", "size", "children").toPandas()
     if shape.empty:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
         return {"reports per level": {}}, []
-    reused = reused_reports(shape)
-    copies = spark.createDataFrame(pd.DataFrame({"community": list(reused), "child": list(reused.values())}, dtype="int64"),
-                                   "community long, child long")
+    origins = report_origins(reused_reports(shape))
+    copies = spark.createDataFrame(pd.DataFrame({"community": list(origins), "origin": list(origins.values())},
+                                                dtype="int64"), "community long, origin long")
     originals = all_communities.join(copies.select("community"), "community", "left_anti")
     max_input, max_findings = cfg.reports.max_input_tokens, cfg.reports.max_findings
 
-    # Every context without sub-reports, all levels in one job; those that fit (or have nothing to
-    # substitute) are final, and all of them are called in one stage.
-    first = store.checkpoint(report_contexts(community_contexts(originals, entities, relationships, None, claims),
-                                             max_input), "report_contexts")
-    waits = ((F.col("truncated")) & (F.size("children") > 0))
+    # Every original's elements, built once: its report context and, should its call fail, its
+    # extractive stand-in are written from them. Contexts without sub-reports, all levels in one job;
+    # those that fit (or have nothing to substitute) are final, and all of them are called in one stage.
+    elements = community_contexts(originals, entities, relationships, None, claims).persist()
+    first = store.checkpoint(report_contexts(elements, max_input), "report_contexts")
+    waits = F.col("truncated") & (F.size("children") > 0)
     first = first.join(originals.select("id", "children"), "id")
     usages = []
-    answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id)
+    answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id, on_calling)
     usages.append(usage)
     answers = store.checkpoint(answers, "report_answers")
-    waiting = first.where(waits).select("id")
-    by_level = first.groupBy("level").agg(F.count(F.when(waits, 1)).alias("waiting"),
-                                          F.count(F.when(~waits & F.col("truncated"), 1)).alias("trimmed")).collect()
-    waiting_levels = {int(r["level"]): int(r["waiting"]) for r in by_level}
-    trimmed = sum(int(r["trimmed"]) for r in by_level)
+    # Per community: whether it waits for its sub-reports, or needs them for its stand-in (a failed
+    # call with sub-communities: the stand-in names them). Only those are built level by level.
+    status = (first.join(answers.select("id", F.col("result").isNull().alias("failed")), "id", "left")
+              .select("id", "level", waits.alias("waits"), (~waits & F.col("truncated")).alias("trimmed"),
+                      (F.coalesce("failed", F.lit(False)) & (F.size("children") > 0)).alias("restated"))
+              .toPandas())
+    trimmed = int(status["trimmed"].sum())
+    later = status[status["waits"] | status["restated"]]
 
     def to_report(row: dict) -> dict:
         if row["result"] is None:
@@ -265,17 +295,35 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
         return {"id": content_id("report", row["id"], LLM_METHOD), "community": row["community"], "level": row["level"],
                 **report, "full_content": render_full_content(report), "method": LLM_METHOD}
 
-    levels = sorted({int(level) for level in shape["level"]}, reverse=True)
-    per_level, substituted = {}, {}
-    finer = None
+    def reports_of(answered: DataFrame) -> DataFrame:
+        return generate_level_reports(answered.select("id", "community", "level", "entities", "relationships",
+                                                      "sub_reports", "result"), to_report)
+
+    final = elements.join(answers, "id")
+    if not later.empty:
+        final = final.join(spark.createDataFrame(later[["id"]], "id string"), "id", "left_anti")
+    written = [reports_of(final).persist()]
     child_columns = [F.col(name).alias(f"child_{name}") for name in REPORT_COLUMNS if name not in ("community", "level")]
-    for level in levels:
-        contexts = community_contexts(originals.where(F.col("level") == level), entities, relationships, finer, claims,
-                                      all_communities.where(F.col("level") == level + 1))
-        level_answers = answers
-        if waiting_levels.get(level):
+
+    def carried(level_filter) -> DataFrame:
+        """The copies' reports (at the levels ``level_filter`` keeps): their origins' reports, finished by then."""
+        targets = copies.join(all_communities.where(level_filter).select("community", "id", "level"), "community")
+        origin_reports = reduce(DataFrame.unionByName, written).select(F.col("community").alias("origin"), *child_columns)
+        return generate_level_reports(targets.join(origin_reports, "origin"), reused_report)
+
+    substituted = {}
+    for level in sorted({int(v) for v in later["level"]}, reverse=True):
+        finer_filter = F.col("level") == level + 1
+        finer = reduce(DataFrame.unionByName, written).where(finer_filter).unionByName(carried(finer_filter))
+        level_ids = spark.createDataFrame(later[later["level"] == level][["id", "waits"]], "id string, waits boolean")
+        contexts = with_sub_reports(elements.join(level_ids.select("id"), "id", "left_semi"), finer,
+                                    all_communities.where(finer_filter))
+        # The stand-ins of failed calls: no new call, their sub-communities' reports are finished now.
+        level_answers = answers.join(level_ids.where(~F.col("waits")).select("id"), "id", "left_semi")
+        if later[later["level"] == level]["waits"].any():
             # Overflowing communities with sub-communities: the finer reports are finished now.
-            built = store.checkpoint(report_contexts(contexts.join(waiting, "id", "left_semi"), max_input),
+            built = store.checkpoint(report_contexts(contexts.join(level_ids.where("waits").select("id"), "id",
+                                                                   "left_semi"), max_input),
                                      f"report_contexts_{level}")
             late, usage = _report_stage(spark, store, cfg, built, run_id)
             usages.append(usage)
@@ -283,19 +331,15 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
                                      F.count(F.when(F.col("truncated"), 1)).alias("trimmed")).first()
             substituted[level] = level_counts["substituted"]
             trimmed += level_counts["trimmed"]
-            level_answers = answers.unionByName(late)
-        answered = (contexts.join(level_answers, "id")
-                    .select("id", "community", "level", "entities", "relationships", "sub_reports", "result"))
-        level_reports = generate_level_reports(answered, to_report)
-        if finer is not None:
-            carried = (copies.join(all_communities.where(F.col("level") == level).select("community", "id", "level"), "community")
-                       .join(finer.select(F.col("community").alias("child"), *child_columns), "child"))
-            level_reports = level_reports.unionByName(generate_level_reports(carried, reused_report))
-        # The commit's row count (the deepest level overwrites, so each commit holds one level's rows).
-        per_level[level] = store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
-        finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
-    counts = {"reports per level": dict(sorted(per_level.items())),
-              "reports reused (same members as a sub-community)": len(reused),
+            level_answers = level_answers.unionByName(late)
+        written.append(store.checkpoint(reports_of(contexts.join(level_answers, "id")), f"reports_{level}"))
+    reports = reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True)))
+    store.write(reports, T.COMMUNITY_REPORTS)
+    per_level = store.read(T.COMMUNITY_REPORTS).groupBy("level").count().collect()
+    for frame in (elements, written[0]):
+        frame.unpersist()
+    counts = {"reports per level": dict(sorted((int(r["level"]), int(r["count"])) for r in per_level)),
+              "reports reused (same members as a sub-community)": len(origins),
               "contexts with substituted sub-reports": dict(sorted(substituted.items())),
               "report contexts trimmed to reports.max_input_tokens": trimmed,
               "reports failed (extractive stand-in, retried next run)": sum(u.failures for u in usages)}

@@ -182,11 +182,13 @@ def _driver_host(spark: SparkSession) -> str:
 
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
-                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path) -> UsageFigures:
+                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
+                     on_calling: Callable[[], None]) -> UsageFigures:
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
     coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
     coordinator.on_result = lambda row: meter.committed(1)
+    coordinator.on_start = on_calling
     url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -257,8 +259,12 @@ def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
 
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
                   items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
-                  prompt_version: str, params: dict) -> tuple[DataFrame, StageUsage]:
-    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
+                  prompt_version: str, params: dict,
+                  on_calling: Callable[[], None] = lambda: None) -> tuple[DataFrame, StageUsage]:
+    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items.
+    ``on_calling`` runs once the stage's first task is calling (at once where nothing is pending): a
+    stage that shares the cores can wait for it, so that it does not slow this one's Spark work before
+    its first call."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     in_catalog = bool(store.storage.database)
@@ -276,6 +282,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     pending = status.where(F.col("_cached").isNull()).drop("_cached")
     if n_pending:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
+    else:
+        on_calling()
     safe_fn = _safe(work_fn)
     model_name = model.model
 
@@ -287,10 +295,12 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     if n_pending:
         n_tasks = max(1, min(n_pending, max(default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK))))
         if is_connect(spark):
+            on_calling()
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter)
         else:
-            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal)
+            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
+                                       on_calling)
         _compact(spark, store, llm.max_result_files)
 
     usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
