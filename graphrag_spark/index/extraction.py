@@ -115,18 +115,19 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
     outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, extract, run_id,
                                    prompts.version, extraction_params(cfg, llm.chat), on_calling)
     results, usages = outcome.where(F.col("result").isNotNull()).select("item_id", "result"), [usage]
-    rejected = [results.select(F.lit(_REJECT_REASONS[0]).alias("reason"), "result")]
+    labelled = [results.withColumn("reason", F.lit(_REJECT_REASONS[0]))]
     if cfg.claims:
         claim_results, claims_usage = _extract_claims(spark, store, text_units, results, cfg, llm, run_id, prompts)
-        rejected.append(claim_results.select(F.lit(_REJECT_REASONS[1]).alias("reason"), "result"))
-        results = results.unionByName(claim_results)
+        labelled.append(claim_results.withColumn("reason", F.lit(_REJECT_REASONS[1])))
         usages.append(claims_usage)
+    # Materialised once: the drop counts and the three instance tables written from it would each
+    # derive it again (a scan of llm_results, a join with the items).
+    results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results")
     if dropped is not None:
         dropped["text units failed extraction (retried next run)"] = usage.failures
         if cfg.claims:
             dropped["text units failed claims (retried next run)"] = claims_usage.failures
-        counted = reduce(DataFrame.unionByName, rejected)
-        per_reason = counted.groupBy("reason").agg(
+        per_reason = results.groupBy("reason").agg(
             F.sum(F.coalesce(F.get_json_object("result", "$.rejected").cast("long"), F.lit(0))).alias("n")).collect()
         dropped.update({reason: 0 for reason in _REJECT_REASONS[:1 + cfg.claims]})
         dropped.update({row["reason"]: int(row["n"] or 0) for row in per_reason})

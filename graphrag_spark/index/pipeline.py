@@ -267,14 +267,14 @@ def graph_stage(run: Run) -> None:
         run.changed[name] = (current if before is None else
                              current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti"))
     if _llm_summaries(cfg):
-        # The lists the summaries are written from, kept (scratch tables) so the summary stage does not
-        # aggregate the instances again; only elements with two or more descriptions are summarized.
+        # The lists the summaries are written from; only elements with two or more descriptions are
+        # summarized. Spark SQL's are kept (scratch tables) so the summary stage does not aggregate the
+        # instances again; the driver's are rows in the plan already, so they are used as they are.
         several = F.size("descriptions") >= 2
-        run.described = {T.ENTITIES: store.checkpoint(built.nodes.where(several).select("title", "descriptions"),
-                                                      "described_entities"),
-                         T.RELATIONSHIPS: store.checkpoint(built.edges.where(several)
-                                                           .select("source", "target", "descriptions"),
-                                                           "described_relationships")}
+        described = {T.ENTITIES: built.nodes.where(several).select("title", "descriptions"),
+                     T.RELATIONSHIPS: built.edges.where(several).select("source", "target", "descriptions")}
+        run.described = described if on_driver else {
+            name: store.checkpoint(frame, f"described_{name}") for name, frame in described.items()}
     run.summary.counts["graph aggregated"] = "on the driver" if on_driver else "in Spark SQL"
     run.summary.counts.update(built.dropped())
     isolated = built.isolated()

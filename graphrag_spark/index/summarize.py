@@ -74,18 +74,15 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
     stages = ((T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
               (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships"))
 
-    def summarize(table, keys, name_col, stage) -> tuple[DataFrame, StageUsage]:
+    def summarize(table, keys, name_col, stage) -> StageUsage:
         summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
                                       (only or {}).get(table))
         # Materialised (in Delta: a lost executor loses nothing) before merging into the table the plan reads from.
-        return store.checkpoint(summaries, f"summaries_{table}"), usage
+        store.update_columns(store.checkpoint(summaries, f"summaries_{table}"), table, ["description"])
+        return usage
 
     # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
-    # so one's Spark work before and after its calls is not dead time for the rate limit.
+    # so one's Spark work before and after its calls is not dead time for the rate limit; each merges
+    # its own table as soon as its calls are done, while the other may still be calling.
     with ThreadPoolExecutor(max_workers=len(stages), thread_name_prefix="summarize") as pool:
-        done = list(pool.map(lambda spec: summarize(*spec), stages))
-    usages = []
-    for (table, *_), (summaries, usage) in zip(stages, done):
-        store.update_columns(summaries, table, ["description"])
-        usages.append(usage)
-    return usages
+        return list(pool.map(lambda spec: summarize(*spec), stages))
