@@ -49,6 +49,18 @@ def _is_local(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
+def plain_paths_are_local(cfg: SparkConfig, master: str | None = None) -> bool:
+    """Whether a path without a scheme names this machine's files in the session ``build_spark`` would
+    start: a local master, not under spark-submit, Spark Connect or Databricks, and no Hadoop setting
+    that could make another file system the default (HDFS under YARN, say)."""
+    if any(os.environ.get(name) for name in ("PYSPARK_GATEWAY_PORT", "SPARK_REMOTE", "DATABRICKS_RUNTIME_VERSION",
+                                             "HADOOP_CONF_DIR", "YARN_CONF_DIR")):
+        return False
+    conf = {**_preset_conf(False), **cfg.conf}
+    chosen_master = master or conf.get("spark.master") or cfg.master or "local[*]"
+    return _is_local(chosen_master) and not {"spark.hadoop.fs.defaultFS", "spark.hadoop.fs.default.name"} & set(conf)
+
+
 def _preset_conf(under_submit: bool) -> dict[str, str]:
     """Settings already made outside this code: spark-submit's (JVM properties) or spark-defaults.conf."""
     if under_submit:

@@ -31,12 +31,14 @@ def build_parser():
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     # Imported after parsing, so --help and argument mistakes cost no Spark import.
+    from graphrag_spark.index.documents import check_local_input
     from graphrag_spark.index.pipeline import estimate_extraction, run_index
     from graphrag_spark.progress import console_progress
-    from graphrag_spark.session import build_spark
+    from graphrag_spark.session import build_spark, plain_paths_are_local
 
     with user_errors():
         cfg = job_config(args)
+        check_local_input(cfg.input, plain_paths_are_local(cfg.spark, args.master))
         spark = build_spark(cfg.spark, master=args.master)
         if args.dry_run:
             for key, value in estimate_extraction(spark, cfg).items():

@@ -28,7 +28,8 @@ def main(corpus: str, root: str) -> None:
     spark = build_spark(cfg.spark, master="local-cluster[2,1,1024]")
     docs, _, _ = documents.build_documents(spark, cfg.input)
     units = build_text_units(docs, cfg.chunking).repartition(4).persist()
-    entities, relationships = extraction.extract_nlp_instances(units, cfg.extraction)
+    # Persisted, as the index job does: the counts below read one extraction pass, not one pass each.
+    entities, relationships = extraction.split_instances(extraction.nlp_instances(units, cfg.extraction).persist())
 
     def worker(batches):
         for batch in batches:

@@ -7,10 +7,13 @@ import importlib.util
 import pytest
 
 from graphrag_spark import tables as T
+from graphrag_spark.config import InputConfig, SparkConfig
 from graphrag_spark.errors import UserError
+from graphrag_spark.index.documents import check_local_input
 from graphrag_spark.index.pipeline import run_index
+from graphrag_spark.session import plain_paths_are_local
 
-from conftest import REPO
+from conftest import REPO, SAMPLE_CORPUS
 
 pytestmark = pytest.mark.spark
 
@@ -22,7 +25,13 @@ def _index_main():
     return module.main
 
 
-def test_missing_input_path_exits_with_one_sentence(tmp_path, capsys):
+def test_missing_input_path_exits_with_one_sentence_before_spark_starts(tmp_path, capsys, monkeypatch):
+    import graphrag_spark.session
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started for an input path that does not exist")
+
+    monkeypatch.setattr(graphrag_spark.session, "build_spark", no_spark)
     with pytest.raises(SystemExit) as exit_info:
         _index_main()(["--config", str(REPO / "conf" / "local.yaml"), "--set", f"input.path={tmp_path / 'missing'}",
                        "--set", f"storage.root={tmp_path / 'index'}"])
@@ -31,7 +40,33 @@ def test_missing_input_path_exits_with_one_sentence(tmp_path, capsys):
     assert err.startswith("error: Input path") and "does not exist" in err and "\n" not in err
 
 
-def test_empty_folder(spark, make_config, tmp_path):
+def test_only_paths_surely_on_this_machine_are_checked_before_spark(tmp_path, monkeypatch):
+    missing = tmp_path / "missing"
+    with pytest.raises(UserError, match="does not exist"):
+        check_local_input(InputConfig(path=f"file://{missing}"), plain_paths_local=False)
+    with pytest.raises(UserError, match="does not exist"):
+        check_local_input(InputConfig(path=str(missing)), plain_paths_local=True)
+    for left_to_spark, plain_paths_local in ((InputConfig(path=str(missing)), False),
+                                             (InputConfig(path="hdfs:///corpus"), True),
+                                             (InputConfig(path=f"{missing}/*.txt"), True),
+                                             (InputConfig(path=str(missing), format="delta"), True)):
+        check_local_input(left_to_spark, plain_paths_local)
+    check_local_input(InputConfig(path=str(SAMPLE_CORPUS)), plain_paths_local=True)
+
+    for name in ("PYSPARK_GATEWAY_PORT", "SPARK_REMOTE", "DATABRICKS_RUNTIME_VERSION", "HADOOP_CONF_DIR", "YARN_CONF_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert plain_paths_are_local(SparkConfig()) and plain_paths_are_local(SparkConfig(), "local[2]")
+    assert not plain_paths_are_local(SparkConfig(), "yarn")
+    assert not plain_paths_are_local(SparkConfig(master="sc://127.0.0.1:15002"))
+    assert not plain_paths_are_local(SparkConfig(conf={"spark.hadoop.fs.defaultFS": "hdfs://nn:8020"}))
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    assert not plain_paths_are_local(SparkConfig())
+
+
+def test_missing_or_empty_input_folder_in_the_spark_listing(spark, make_config, tmp_path):
+    """Where the path is not checked before Spark (another file system), the listing gives the same sentences."""
+    with pytest.raises(UserError, match="Input path .* does not exist"):
+        run_index(spark, make_config(input_path=tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="contains no files"):
         run_index(spark, make_config(input_path=tmp_path / "empty"))

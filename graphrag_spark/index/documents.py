@@ -14,9 +14,9 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterator
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -193,6 +193,27 @@ def _read_table(spark: SparkSession, cfg: InputConfig, opts: ReaderOptions, sour
     return indexed.mapInPandas(parse_partition, _PARSED_SCHEMA)
 
 
+def _missing_input(path: str) -> str:
+    return f"Input path '{path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files."
+
+
+def check_local_input(cfg: InputConfig, plain_paths_local: bool) -> None:
+    """A missing input caught before Spark starts (a JVM takes from seconds to a minute to start), where
+    the path surely names this machine's files: a ``file:`` URI, or a plain path where
+    ``plain_paths_local`` (see ``session.plain_paths_are_local``). Tables and glob patterns are left to Spark."""
+    if cfg.format in ("delta", "table"):
+        return
+    uri = urlparse(cfg.path)
+    if uri.scheme == "file":
+        local = unquote(uri.path)
+    elif not uri.scheme and plain_paths_local:
+        local = cfg.path
+    else:
+        return
+    if not any(c in local for c in "*?[{") and not Path(local).expanduser().exists():
+        raise UserError(_missing_input(cfg.path))
+
+
 def _list_empty_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
     """Fail fast on a missing or empty folder, and list zero-byte files: Spark's file scans skip
     them without a trace, so they are found here to be counted as rejects. The file listing
@@ -203,7 +224,7 @@ def _list_empty_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
         listed = listing.inputFiles()
     except Exception as exc:  # noqa: BLE001 - only a missing path is the user's mistake
         if analysis_condition(exc) == "PATH_NOT_FOUND":
-            raise UserError(f"Input path '{cfg.path}' does not exist; set input.path to a folder of .txt/.md/.jsonl/.csv files.") from None
+            raise UserError(_missing_input(cfg.path)) from None
         raise
     if not listed:
         raise UserError(f"Input folder '{cfg.path}' contains no files; add documents or point input.path elsewhere.")
