@@ -9,7 +9,7 @@ import pytest
 from graphrag_spark import tables as T
 from graphrag_spark.config import InputConfig, SparkConfig
 from graphrag_spark.errors import UserError
-from graphrag_spark.index.documents import check_local_input
+from graphrag_spark.index.documents import build_documents, check_local_input
 from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.session import plain_paths_are_local
 
@@ -66,7 +66,7 @@ def test_only_paths_surely_on_this_machine_are_checked_before_spark(tmp_path, mo
 def test_missing_or_empty_input_folder_in_the_spark_listing(spark, make_config, tmp_path):
     """Where the path is not checked before Spark (another file system), the listing gives the same sentences."""
     with pytest.raises(UserError, match="Input path .* does not exist"):
-        run_index(spark, make_config(input_path=tmp_path / "missing"))
+        build_documents(spark, InputConfig(path=str(tmp_path / "missing")))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="contains no files"):
         run_index(spark, make_config(input_path=tmp_path / "empty"))
