@@ -201,6 +201,11 @@ PUBLISHED = (DOCUMENTS, INPUT_REJECTS, TEXT_UNITS, ENTITY_INSTANCES, RELATIONSHI
              RELATIONSHIPS, COMMUNITIES, COMMUNITY_REPORTS, TEXT_UNIT_EMBEDDINGS, ENTITY_EMBEDDINGS)
 
 
+def conform(df: DataFrame, name: str) -> DataFrame:
+    """``df`` as table ``name`` holds it: the declared schema's columns, in order, cast to their types."""
+    return df.select([df[f.name].cast(f.dataType).alias(f.name) for f in SCHEMAS[name].fields])
+
+
 class TableStore:
     """Reads and writes the index's Delta tables under one root (path or database).
 
@@ -265,7 +270,7 @@ class TableStore:
         (no RDD API). A later call with the same name replaces the rows: one name per frame in use.
         :meth:`drop_scratch` removes them after a successful run; a crashed run's are replaced by the rerun."""
         table = f"{SCRATCH}_{name}" if self.storage.database else f"{SCRATCH}/{name}"
-        self.write(df, table)
+        self.write(df, table, counted=False)
         self._scratch.add(table)
         return self.read(table)
 
@@ -310,12 +315,12 @@ class TableStore:
     def read_or_empty(self, name: str) -> DataFrame:
         return self.read(name) if self.exists(name) else self.spark.createDataFrame([], SCHEMAS[name])
 
-    def write(self, df: DataFrame, name: str, mode: str = "overwrite") -> int:
+    def write(self, df: DataFrame, name: str, mode: str = "overwrite", counted: bool = True) -> int | None:
         """Write with the declared schema (column order and types enforced here, once); returns the
-        number of rows written (with ``overwrite``: the table's rows), from the commit's metrics."""
+        number of rows written (with ``overwrite``: the table's rows), from the commit's metrics, or
+        None where not ``counted`` (reading the history is a Spark job of its own)."""
         if name in SCHEMAS:
-            schema = SCHEMAS[name]
-            df = df.select([df[f.name].cast(f.dataType).alias(f.name) for f in schema.fields])
+            df = conform(df, name)
         writer = df.write.format("delta").mode(mode).option("overwriteSchema", "true" if mode == "overwrite" else "false")
         if mode == "append":  # a table written by an older version gains the columns added since
             writer = writer.option("mergeSchema", "true")
@@ -326,7 +331,15 @@ class TableStore:
             writer.saveAsTable(self.location(name))
         else:
             writer.save(self.location(name))
-        return self.rows_written(name, df)
+        return self.rows_written(name, df) if counted else None
+
+    def create_empty(self, name: str) -> None:
+        """Create the table ``name`` (not there yet) empty, with its declared schema: one metadata
+        commit, where writing an empty DataFrame still runs its Spark jobs."""
+        if self.storage.database and not self.spark.catalog.databaseExists(self.namespace()):
+            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {self.namespace()}")
+        columns = ", ".join(f"{_identifier(f.name)} {f.dataType.simpleString()}" for f in SCHEMAS[name].fields)
+        self.spark.sql(f"CREATE TABLE {self.sql_name(name)} ({columns}) USING delta")
 
     def rows_written(self, name: str, df: DataFrame | None = None) -> int:
         """The rows the table's last commit wrote, read from its history: a count of the table just
@@ -340,6 +353,18 @@ class TableStore:
     def version(self, name: str) -> int:
         """The latest Delta version of a table."""
         return int(self.spark.sql(f"DESCRIBE HISTORY {self.sql_name(name)} LIMIT 1").collect()[0]["version"])
+
+    def version_or_none(self, name: str) -> int | None:
+        """The latest Delta version of a table, or None where there is none: for a path, one history
+        read that may fail rather than an existence check (a read of its own) and then the history."""
+        if self.storage.database:
+            return self.version(name) if self.exists(name) else None
+        try:
+            return self.version(name)
+        except Exception as exc:  # noqa: BLE001 - only "no Delta table here" means None
+            if analysis_condition(exc) in _NOT_A_DELTA_TABLE | {"DELTA_TABLE_ONLY_OPERATION"}:  # DESCRIBE HISTORY's
+                return None
+            raise
 
     def merge(self, df: DataFrame, name: str, key: str = "id") -> int:
         """Make the table equal to ``df`` with one MERGE: rows with a new key are inserted, rows whose

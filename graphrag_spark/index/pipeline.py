@@ -93,7 +93,7 @@ class Run:
     previous_source_version: int | None = None
     diff: DocumentDiff | None = None
     source_version: int | None = None
-    changed: dict[str, DataFrame] = field(default_factory=dict)
+    changed: dict[str, DataFrame | None] = field(default_factory=dict)  # None: every row is new (a full build)
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
     documents_written: bool = True  # False: the input was the published documents again, nothing written
@@ -104,6 +104,20 @@ class Run:
     # LLM (or has no call to make, or ended). The waiting stage then shares the cores with calls in flight.
     calling: dict[str, threading.Event] = field(
         default_factory=lambda: {name: threading.Event() for name in ("extraction", "community_reports")})
+    # Tables this run wrote, cached as written: a later stage reads them from memory, not back from Delta
+    # (a read of a table just written costs a snapshot and a file-listing Spark job before any row).
+    written: dict[str, DataFrame] = field(default_factory=dict)
+
+    def table(self, name: str) -> DataFrame:
+        """The rows of ``name`` as this run wrote them (cached), else the live table."""
+        return self.written[name] if name in self.written else self.store.read(name)
+
+    def write_cached(self, df: DataFrame, name: str, counted: bool = True) -> int | None:
+        """Write ``df`` to ``name`` keeping its rows cached for the later stages; returns the rows written."""
+        frame = T.conform(df, name).persist()
+        rows = self.store.write(frame, name, counted=counted)
+        self.written[name] = frame
+        return rows
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -157,15 +171,19 @@ def documents_stage(run: Run) -> None:
                                    "rejected inputs": counts["rejected"]})
         run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
         return
-    store.write(rejects, T.INPUT_REJECTS)
-    n_documents = store.write(documents, T.DOCUMENTS)
+    if counts["rejected"] or store.exists(T.INPUT_REJECTS):
+        store.write(rejects, T.INPUT_REJECTS, counted=False)
+    else:  # a first build without rejects
+        store.create_empty(T.INPUT_REJECTS)
+    run.write_cached(documents, T.DOCUMENTS, counted=False)  # its rows are the distinct documents counted
+    n_documents = counts["documents"]
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
     if n_documents == 0:
         raise UserError(f"No readable documents in '{cfg.input.path}': {counts['rejected']} inputs were skipped; "
                         f"see the '{T.INPUT_REJECTS}' table at {store.location(T.INPUT_REJECTS)} for the reasons.")
     if before is not None:
-        run.diff = diff_documents(store.read(T.DOCUMENTS), before)
+        run.diff = diff_documents(run.table(T.DOCUMENTS), before)
         run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
 
 
@@ -192,12 +210,13 @@ def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataF
 
 
 def text_units_stage(run: Run) -> None:
-    store, before = run.store, run.before(T.TEXT_UNITS)
-    documents = store.read(T.DOCUMENTS)
+    before = run.before(T.TEXT_UNITS)
+    documents = run.table(T.DOCUMENTS)
     todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
     kept = _kept_rows(before, "document_id", documents)
-    n_units = store.write(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
-    run.changed[T.TEXT_UNITS] = _new_ids(store.read(T.TEXT_UNITS), before)
+    n_units = run.write_cached(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
+    # A full build extracts every unit (no join of the table with its own ids).
+    run.changed[T.TEXT_UNITS] = None if before is None else _new_ids(run.table(T.TEXT_UNITS), before)
     run.summary.counts["text units"] = n_units
 
 
@@ -210,8 +229,9 @@ def extraction_stage(run: Run) -> None:
 
 def _extract(run: Run) -> None:
     spark, store, cfg = run.spark, run.store, run.cfg
-    units = store.read(T.TEXT_UNITS)
-    todo = units.join(run.changed[T.TEXT_UNITS], "id", "left_semi")
+    units = run.table(T.TEXT_UNITS)
+    new_ids = run.changed[T.TEXT_UNITS]
+    todo = units if new_ids is None else units.join(new_ids, "id", "left_semi")
     if run.llm:
         entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
             spark, store, todo, cfg.extraction, cfg.llm, run.run_id, run.summary.counts,
@@ -227,9 +247,9 @@ def _extract(run: Run) -> None:
     # The instances and claims of units that are gone are retracted; the others are kept as extracted.
     kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
             for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
-    n_entity_instances = store.write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
-    n_relationship_instances = store.write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
-                                           T.RELATIONSHIP_INSTANCES)
+    n_entity_instances = run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
+    n_relationship_instances = run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
+                                                T.RELATIONSHIP_INSTANCES)
     if nlp_instances is not None:
         nlp_instances.unpersist()
     kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
@@ -305,12 +325,12 @@ class BuiltGraph:
 def _spark_graph(run: Run, min_mentions: int) -> BuiltGraph:
     """Spark SQL over the instance tables (a corpus of any size)."""
     store, cfg = run.store, run.cfg
-    text_units = store.read(T.TEXT_UNITS)
-    all_nodes = graph.entity_nodes(store.read(T.ENTITY_INSTANCES), cfg.graph, text_units).persist()
+    text_units = run.table(T.TEXT_UNITS)
+    all_nodes = graph.entity_nodes(run.table(T.ENTITY_INSTANCES), cfg.graph, text_units).persist()
     nodes = all_nodes.where(F.col("frequency") >= min_mentions).drop("_cut", "_mentions")
     # Persisted too: the degrees, the entities and the relationships written all read the edges, and
     # the drop counts read the candidates (the instances are keyed once, not again to count).
-    candidates = graph.counted_relationships(store.read(T.RELATIONSHIP_INSTANCES), cfg.graph, text_units).persist()
+    candidates = graph.counted_relationships(run.table(T.RELATIONSHIP_INSTANCES), cfg.graph, text_units).persist()
     edges = graph.between_entities(candidates, nodes).persist()
     entities, relationships = graph.add_degrees(nodes, edges.drop("_cut", "_instances"),
                                                 resolve_backend(run.spark, cfg.graph.backend))
@@ -326,9 +346,9 @@ def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
     """``graph.driver_graph`` over the collected instances (a small corpus): one collect per table."""
     spark, store, cfg = run.spark, run.store, run.cfg
     built = graph.driver_graph(
-        store.read(T.ENTITY_INSTANCES).select("name", "type", "text_unit_id", "description").toPandas(),
-        store.read(T.RELATIONSHIP_INSTANCES).select("source", "target", "text_unit_id", "description", "strength").toPandas(),
-        cfg.graph, min_mentions, store.read(T.TEXT_UNITS).select("id", "document_id", "chunk_index").toPandas())
+        run.table(T.ENTITY_INSTANCES).select("name", "type", "text_unit_id", "description").toPandas(),
+        run.table(T.RELATIONSHIP_INSTANCES).select("source", "target", "text_unit_id", "description", "strength").toPandas(),
+        cfg.graph, min_mentions, run.table(T.TEXT_UNITS).select("id", "document_id", "chunk_index").toPandas())
     descriptions = StructField("descriptions", ArrayType(StringType()))
 
     def frame(rows, name: str) -> DataFrame:
@@ -360,7 +380,7 @@ def communities_stage(run: Run) -> None:
                                               previous_relationships=run.before(T.RELATIONSHIPS),
                                               on_driver=run.summary.counts["entities"] + run.summary.counts["relationships"]
                                               <= cfg.graph.driver_max_instances, collected=run.graph_rows)
-    store.write(table, T.COMMUNITIES)
+    store.write(table, T.COMMUNITIES, counted=False)
     run.summary.counts["communities per level"] = counts["communities_per_level"]
     run.summary.counts["entities not clustered"] = run.summary.counts["entities"] - counts["clustered_entities"]
     if run.previous is not None:
@@ -461,6 +481,9 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
         runs.record_run(store, status=runs.FAILED, ended_at=_utcnow(), error=f"{type(exc).__name__}: {str(exc)[:500]}",
                         **common, **_totals(summary))
         raise
+    finally:
+        for frame in run.written.values():
+            frame.unpersist()
     diff = run.diff.counts if run.diff is not None else {"new": summary.counts["documents"]}
     runs.record_run(store, status=runs.SUCCEEDED, ended_at=_utcnow(), table_versions=versions,
                     source_version=run.source_version, documents_new=diff.get("new", 0),

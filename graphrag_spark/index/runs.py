@@ -224,11 +224,17 @@ def published_store(spark: SparkSession, storage, run_id: str | None = None) -> 
 
 
 def current_versions(store: T.TableStore) -> dict[str, int]:
-    return {name: store.version(name) for name in T.PUBLISHED if store.exists(name)}
+    """The latest version of every published table the root holds (one history read each, no existence check first)."""
+    versions = {}
+    for name in T.PUBLISHED:
+        version = store.version_or_none(name)
+        if version is not None:
+            versions[name] = version
+    return versions
 
 
 def record_run(store: T.TableStore, **row) -> None:
     schema = T.SCHEMAS[T.INDEX_RUNS]
     full = {f.name: row.get(f.name) for f in schema.fields}
-    store.write(store.spark.createDataFrame([Row(**full)], schema), T.INDEX_RUNS, mode="append")
+    store.write(store.spark.createDataFrame([Row(**full)], schema), T.INDEX_RUNS, mode="append", counted=False)
 
