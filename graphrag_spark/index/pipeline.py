@@ -247,9 +247,12 @@ def _extract(run: Run) -> None:
     # The instances and claims of units that are gone are retracted; the others are kept as extracted.
     kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
             for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
-    n_entity_instances = run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
-    n_relationship_instances = run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
-                                                T.RELATIONSHIP_INSTANCES)
+    # The offline instances are kept cached for the graph stage. The LLM ones are not: their plan reads
+    # llm_results, which the later LLM stages write, and Spark re-plans a cached frame on each write to a table it reads.
+    write = run.write_cached if nlp_instances is not None else store.write
+    n_entity_instances = write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
+    n_relationship_instances = write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
+                                     T.RELATIONSHIP_INSTANCES)
     if nlp_instances is not None:
         nlp_instances.unpersist()
     kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
