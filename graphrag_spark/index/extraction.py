@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from functools import reduce
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -96,14 +96,13 @@ _REJECT_REASONS = ("extraction records rejected (malformed)", "claim records rej
 
 def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: DataFrame, cfg: ExtractionConfig,
                           llm: LlmConfig, run_id: str,
-                          dropped: dict | None = None, on_calling: Callable[[], None] = lambda: None,
-                          ) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
+                          dropped: dict | None = None) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
     """The paper's extraction (with gleanings) for every text unit not already extracted, then, if
     enabled, the claims pass as a stage of its own over the extracted chunks: each is cached
     separately, so switching claims on (or changing the claim description) never pays for
     entity extraction again. ``dropped`` (the run summary's counts) gets what was not kept: chunks
     whose extraction failed after retries (retried by the next run) and model records that could
-    not be parsed. ``on_calling`` runs once extraction calls (``run_llm_stage``)."""
+    not be parsed."""
     prompts = ExtractionPrompts.load()
 
     async def extract(client, item: dict) -> LlmWork:
@@ -113,7 +112,7 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
 
     items = text_units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"))
     outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, extract, run_id,
-                                   prompts.version, extraction_params(cfg, llm.chat), on_calling)
+                                   prompts.version, extraction_params(cfg, llm.chat))
     results, usages = outcome.where(F.col("result").isNotNull()).select("item_id", "result"), [usage]
     labelled = [results.withColumn("reason", F.lit(_REJECT_REASONS[0]))]
     if cfg.claims:

@@ -9,15 +9,12 @@ one ``index_runs`` row at the end; until then readers keep seeing the previous r
 Stages that do not depend on each other run at the same time (``run_stages``): a stage starts as
 soon as the stages it comes ``after`` are done, in a driver thread of its own, with its Spark jobs
 in a fair-scheduler pool of its own. Text-unit embeddings run while entities are extracted, and the
-communities while descriptions are summarized. The embedding stages start their Spark work only once
-extraction (text units) or the reports (entities) are calling: the Spark work before a chat stage's
-first call is dead time for the rate budget, and calls in flight leave the cores free. No two concurrent stages write the same table, so
+communities while descriptions are summarized. No two concurrent stages write the same table, so
 the tables are those of the sequential order, and every LLM result is committed per item as before.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -100,10 +97,6 @@ class Run:
     # A full build's entity and relationship rows as the graph stage wrote them on the driver (small graphs),
     # so the communities do not read them back.
     graph_rows: tuple | None = None
-    # Per LLM stage whose Spark work another stage must not slow down: set once it is calling the
-    # LLM (or has no call to make, or ended). The waiting stage then shares the cores with calls in flight.
-    calling: dict[str, threading.Event] = field(
-        default_factory=lambda: {name: threading.Event() for name in ("extraction", "community_reports")})
     # Tables this run wrote, cached as written: a later stage reads them from memory, not back from Delta
     # (a read of a table just written costs a snapshot and a file-listing Spark job before any row).
     written: dict[str, DataFrame] = field(default_factory=dict)
@@ -221,25 +214,16 @@ def text_units_stage(run: Run) -> None:
 
 
 def extraction_stage(run: Run) -> None:
-    try:
-        _extract(run)
-    finally:
-        run.calling["extraction"].set()
-
-
-def _extract(run: Run) -> None:
     spark, store, cfg = run.spark, run.store, run.cfg
     units = run.table(T.TEXT_UNITS)
     new_ids = run.changed[T.TEXT_UNITS]
     todo = units if new_ids is None else units.join(new_ids, "id", "left_semi")
     if run.llm:
         entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
-            spark, store, todo, cfg.extraction, cfg.llm, run.run_id, run.summary.counts,
-            on_calling=run.calling["extraction"].set)
+            spark, store, todo, cfg.extraction, cfg.llm, run.run_id, run.summary.counts)
         run.summary.usage += usages
         nlp_instances = None
     else:
-        run.calling["extraction"].set()  # no calls: the offline extraction and embeddings share the cores
         # Persisted: both tables come from one extraction pass, not one pass per table written.
         nlp_instances = extraction.nlp_instances(todo, cfg.extraction).persist()
         entity_instances, relationship_instances = extraction.split_instances(nlp_instances)
@@ -392,22 +376,14 @@ def communities_stage(run: Run) -> None:
 
 
 def reports_stage(run: Run) -> None:
-    try:
-        build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.calling["community_reports"].set)
-    finally:
-        run.calling["community_reports"].set()
+    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary)
 
 
 def text_unit_embeddings_stage(run: Run) -> None:
-    # Started with the extraction, but its Spark work waits until extraction calls: until then the
-    # cores are extraction's, whose first call is what the chat budget waits for.
-    run.calling["extraction"].wait()
     run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.TEXT_UNIT_EMBEDDINGS,)))
 
 
 def entity_embeddings_stage(run: Run) -> None:
-    # Ready with the reports; its Spark work waits until the reports call, as text units' does for extraction.
-    run.calling["community_reports"].wait()
     run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,)))
 
 
@@ -552,30 +528,17 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     stages = tuple(stage for stage in STAGES if stage.applies(run.cfg))
     pools = not is_connect(run.spark)
 
-    def release_waiting() -> None:  # no stage waits for the calls of one that will not run
-        for event in run.calling.values():
-            event.set()
-
-    for name, event in run.calling.items():
-        if name not in {stage.name for stage in stages}:
-            event.set()
-
     def start(stage: Stage) -> None:
         if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
             run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
-        try:
-            with run.summary.stage(stage.name):
-                stage.run(run)
-        except BaseException:
-            release_waiting()  # after a failure no stage starts
-            raise
+        with run.summary.stage(stage.name):
+            stage.run(run)
 
     def nothing_changed(stage: Stage) -> bool:
         # The published content again: nothing downstream can change (0 calls).
         return stage.name == "documents" and run.diff is not None and run.diff.empty
 
     def cancel() -> None:  # the running stages' threads cannot be stopped, their jobs can
-        release_waiting()
         if pools:
             run.spark.sparkContext.cancelAllJobs()
 
@@ -591,19 +554,17 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     return runs.current_versions(run.store)
 
 
-def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary,
-                  on_calling: Callable[[], None] = lambda: None) -> None:
+def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary) -> None:
     """Bottom-up: the deepest level first, each level's reports written before the next level starts,
     so a higher level's context can substitute the finished reports of its sub-communities. LLM
     reports are scheduled across levels (``reports.build_llm_reports``)."""
     use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
     if use_llm:
         claims = store.read(T.CLAIMS) if store.exists(T.CLAIMS) else None
-        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims, on_calling)
+        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims)
         summary.usage += usages
         summary.counts.update(counts)
         return
-    on_calling()  # extractive reports: no call
     all_communities = store.read(T.COMMUNITIES)
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)

@@ -232,7 +232,7 @@ def reused_report(row: dict) -> dict:
             "level": row["level"], **report, "findings": [dict(f) for f in as_list(row["child_findings"])]}
 
 
-def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, on_calling=lambda: None):
+def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
     """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
@@ -245,17 +245,14 @@ def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, on_calling=l
         return await write_report(client, item["payload"], prompt, max_tokens, item["item_id"])
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
-                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature},
-                                   on_calling)
+                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
     return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
 
 
-def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
-                      on_calling: Callable[[], None] = lambda: None) -> tuple[dict, list]:
+def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) -> tuple[dict, list]:
     """The paper's LLM reports for every community (scheduled as the module docstring says), written to
     ``community_reports`` in one commit; a failed one falls back to extractive. Returns the run
-    summary's counts and the stages' usage. ``on_calling`` runs once the first reports are being
-    called (``run_llm_stage``)."""
+    summary's counts and the stages' usage."""
     all_communities = store.read(T.COMMUNITIES)
     entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     shape = all_communities.select("community", "level", "size", "children").toPandas()
@@ -276,7 +273,7 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
     waits = F.col("truncated") & (F.size("children") > 0)
     first = first.join(originals.select("id", "children"), "id")
     usages = []
-    answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id, on_calling)
+    answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id)
     usages.append(usage)
     answers = store.checkpoint(answers, "report_answers")
     # Per community: whether it waits for its sub-reports, or needs them for its stand-in (a failed

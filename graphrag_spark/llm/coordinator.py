@@ -147,7 +147,6 @@ class Coordinator:
         self._active_tasks = 0
         self._finished_tasks = 0
         self.on_result = None  # a callable(row) the stage may set (progress)
-        self.on_start = None  # a callable() the stage may set: run when the first task starts
         journal.parent.mkdir(parents=True, exist_ok=True)
         self.journal = journal
         self._journal = journal.open("a", encoding="utf-8")
@@ -173,12 +172,8 @@ class Coordinator:
 
     def start(self, keys: list[str]) -> dict:
         with self._lock:
-            first = self._active_tasks + self._finished_tasks == 0
             self._active_tasks += 1
-            answer = {"todo": [k for k in keys if k not in self._done], "window": self.window()}
-        if first and self.on_start is not None:
-            self.on_start()
-        return answer
+            return {"todo": [k for k in keys if k not in self._done], "window": self.window()}
 
     def finish(self) -> dict:
         with self._lock:

@@ -161,7 +161,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
 def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
     if rows:
         frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
-        store.write(frame.coalesce(1), T.LLM_RESULTS, mode="append")
+        store.write(frame.coalesce(1), T.LLM_RESULTS, mode="append", counted=False)
 
 
 def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
@@ -170,7 +170,8 @@ def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
     if rows:
         frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
         committed = store.read_or_empty(T.LLM_RESULTS).select("item_key", "run_id")
-        store.write(frame.join(committed, ["item_key", "run_id"], "left_anti").coalesce(1), T.LLM_RESULTS, mode="append")
+        store.write(frame.join(committed, ["item_key", "run_id"], "left_anti").coalesce(1), T.LLM_RESULTS, mode="append",
+                    counted=False)
     journal.unlink(missing_ok=True)
     return len(rows)
 
@@ -182,13 +183,11 @@ def _driver_host(spark: SparkSession) -> str:
 
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
-                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
-                     on_calling: Callable[[], None]) -> UsageFigures:
+                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path) -> UsageFigures:
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
     coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
     coordinator.on_result = lambda row: meter.committed(1)
-    coordinator.on_start = on_calling
     url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -259,12 +258,8 @@ def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
 
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
                   items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
-                  prompt_version: str, params: dict,
-                  on_calling: Callable[[], None] = lambda: None) -> tuple[DataFrame, StageUsage]:
-    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items.
-    ``on_calling`` runs once the stage's first task is calling (at once where nothing is pending): a
-    stage that shares the cores can wait for it, so that it does not slow this one's Spark work before
-    its first call."""
+                  prompt_version: str, params: dict) -> tuple[DataFrame, StageUsage]:
+    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     in_catalog = bool(store.storage.database)
@@ -282,8 +277,6 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     pending = status.where(F.col("_cached").isNull()).drop("_cached")
     if n_pending:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
-    else:
-        on_calling()
     safe_fn = _safe(work_fn)
     model_name = model.model
 
@@ -295,12 +288,10 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     if n_pending:
         n_tasks = max(1, min(n_pending, max(default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK))))
         if is_connect(spark):
-            on_calling()
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter)
         else:
-            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
-                                       on_calling)
+            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal)
         _compact(spark, store, llm.max_result_files)
 
     usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
@@ -316,7 +307,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # failed items are this run's error rows (no scan of llm_results).
     n_failed = figures.failed_items
     usage.failures = n_failed
-    store.write(spark.createDataFrame([{"run_id": run_id, **usage.__dict__}], T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append")
+    store.write(spark.createDataFrame([{"run_id": run_id, **usage.__dict__}], T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append",
+                counted=False)
     if n_items and n_failed / n_items > llm.max_failed_share:
         examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "
