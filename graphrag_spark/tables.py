@@ -378,8 +378,8 @@ class TableStore:
         source.createOrReplaceTempView(view)
         changed = " OR ".join(f"NOT (t.`{f.name}` <=> s.`{f.name}`)" for f in schema.fields if f.name != key)
         self.spark.sql(f"MERGE INTO {self.sql_name(name)} t USING {view} s ON t.`{key}` = s.`{key}` "
-                        f"WHEN MATCHED AND ({changed}) THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
-                        f"WHEN NOT MATCHED BY SOURCE THEN DELETE")
+                       f"WHEN MATCHED AND ({changed}) THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT * "
+                       f"WHEN NOT MATCHED BY SOURCE THEN DELETE")
         self.spark.catalog.dropTempView(view)
         return self.read(name).count()
 
