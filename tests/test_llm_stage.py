@@ -153,3 +153,30 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     assert in_flight_target(600, 10.0, 1000) == 221 and in_flight_target(600, 1.0, 1000) == 41
     assert in_flight_target(120, 1.0, 1000) == 9, "at 2 calls/s and 1 s, more than Little's 2 must wait at the budget"
     assert in_flight_target(600, 10.0, 64) == 64
+
+
+def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, make_config, monkeypatch):
+    from graphrag_spark.llm import stage
+
+    echo = _echo_fn()
+    with start_server(seed=8) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_result_files=2")
+        store = T.TableStore(spark, cfg.storage)
+        files = []
+        for n in range(1, 5):  # each stage commits one file of results
+            run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, n), echo, new_run_id(), "v1", {})
+            files.append(spark.sql(f"DESCRIBE DETAIL {store.sql_name(T.LLM_RESULTS)}").collect()[0]["numFiles"])
+        operations = [r.operation for r in spark.sql(f"DESCRIBE HISTORY {store.sql_name(T.LLM_RESULTS)}").collect()]
+        assert "OPTIMIZE" in operations and max(files) <= 2, files
+        assert store.read(T.LLM_RESULTS).select("item_key").distinct().count() == 4
+
+    # Files are counted at a process's first stage, then only after a quarter of the bound in commits.
+    location, counted, original = store.location(T.LLM_RESULTS), [], spark.sql
+    monkeypatch.setattr(spark, "sql", lambda query, *a, **k: counted.append(query) or original(query, *a, **k))
+    for commits in (0, 15):
+        stage._commits_since_count[location] = commits
+        stage._compact(spark, store, 64)
+    assert counted == []
+    stage._commits_since_count[location] = 16
+    stage._compact(spark, store, 64)
+    assert len(counted) == 1 and stage._commits_since_count[location] == 0

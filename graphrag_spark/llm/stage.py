@@ -158,10 +158,20 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     return works
 
 
+# Per llm_results location: the commits this process made since it last counted the table's files
+# (no entry: never counted here). Counting is a Delta job of its own, so it is not repeated per stage.
+_commits_since_count: dict[str, int] = {}
+_count_lock = threading.Lock()
+
+
 def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
     if rows:
         frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
         store.write(frame.coalesce(1), T.LLM_RESULTS, mode="append", counted=False)
+        location = store.location(T.LLM_RESULTS)
+        with _count_lock:
+            if location in _commits_since_count:
+                _commits_since_count[location] += 1
 
 
 def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
@@ -251,9 +261,17 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, model: LlmModelConfi
 
 
 def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
-    name = store.location(T.LLM_RESULTS) if store.storage.database else f"delta.`{store.location(T.LLM_RESULTS)}`"
-    if spark.sql(f"DESCRIBE DETAIL {name}").collect()[0]["numFiles"] > max_files:
-        spark.sql(f"OPTIMIZE {name}")
+    """OPTIMIZE ``llm_results`` once it has more than ``max_files`` data files. The files are counted at
+    the first stage of a process, then again only after ``max_files // 4`` more commits of its own: each
+    commit adds at most one file, so the table stays within ``max_files`` plus a quarter (plus what other
+    jobs append meanwhile)."""
+    location = store.location(T.LLM_RESULTS)
+    with _count_lock:
+        if _commits_since_count.get(location, max_files) < max(1, max_files // 4):
+            return
+        _commits_since_count[location] = 0
+    if spark.sql(f"DESCRIBE DETAIL {store.sql_name(T.LLM_RESULTS)}").collect()[0]["numFiles"] > max_files:
+        spark.sql(f"OPTIMIZE {store.sql_name(T.LLM_RESULTS)}")
 
 
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
