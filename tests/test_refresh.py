@@ -156,8 +156,12 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
         assert reports[row.community] == old_reports[old.community]
     assert refresh.counts["communities kept"] == f"{len(old_communities) - len(reached)} of {len(found)}"
 
+    lock_version = T.TableStore(spark, cfg.storage).version(T.INDEX_LOCK)
     nothing = run_index(spark, cfg)
     assert nothing.counts["nothing changed"] and nothing.counts["documents unchanged"] == n_documents_a + 1
+    # Read before the lock and found unchanged: no lock taken, no run recorded.
+    assert T.TableStore(spark, cfg.storage).version(T.INDEX_LOCK) == lock_version
+    assert nothing.run_id not in {r.run_id for r in GraphRagIndex.load(spark, cfg).runs().collect()}
     assert sum(nothing.seconds.get(stage, 0) for stage in ("graph", "communities", "community_reports")) == 0
     assert _published(spark, cfg).versions[T.ENTITIES] == after.versions[T.ENTITIES]
     # The same documents again: not even the documents table is rewritten.
@@ -187,7 +191,7 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
     assert old.table(T.DOCUMENTS).where(F.col("id") == deleted.id).count() == 1
     assert GraphRagIndex.load(spark, cfg).table(T.DOCUMENTS).where(F.col("id") == deleted.id).count() == 0
     modes = [r.mode for r in GraphRagIndex.load(spark, cfg).runs().where(F.col("status") == "succeeded").collect()]
-    assert sorted(modes) == ["full", "refresh", "refresh", "refresh"]
+    assert sorted(modes) == ["full", "refresh", "refresh"]  # the run that found nothing changed records none
 
 
 def _texts(store, name):

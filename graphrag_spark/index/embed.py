@@ -94,7 +94,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
         store.write(fresh.where(F.col("vector").isNotNull())
                     .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
                             F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
-                    T.EMBEDDING_CACHE, mode="append")
+                    T.EMBEDDING_CACHE, mode="append", counted=False)
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
 
@@ -136,10 +136,10 @@ def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
             todo = frame.join(kept.select("id"), "id", "left_anti")
             n_todo = todo.count()
             vectors, requested = embed_cached(spark, store, todo, cfg, n_todo) if n_todo else (None, 0)
-            store.write(kept if vectors is None else kept.unionByName(vectors), name)
+            store.write(kept if vectors is None else kept.unionByName(vectors), name, counted=False)
         else:
             vectors, requested = embed_cached(spark, store, frame, cfg, rows)
-            store.write(vectors, name)
+            store.write(vectors, name, counted=False)
         failed = store.read(name).where(F.col("vector").isNull()).count()
         counts[f"{name} rows"] = rows
         counts[f"{name} texts embedded"] = requested

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
@@ -90,6 +90,10 @@ class Run:
     previous_source_version: int | None = None
     diff: DocumentDiff | None = None
     source_version: int | None = None
+    published_run_id: str | None = None  # the run a refresh starts from
+    # The input (documents, rejects, counts) as read before the lock and found to differ from the
+    # published run's: the documents stage neither reads nor compares it again.
+    input_read: tuple[DataFrame, DataFrame, dict] | None = None
     changed: dict[str, DataFrame | None] = field(default_factory=dict)  # None: every row is new (a full build)
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
@@ -154,15 +158,11 @@ def documents_stage(run: Run) -> None:
     cfg, store = run.cfg, run.store
     before = run.before(T.DOCUMENTS)
     documents, rejects, counts = read_documents(run, before)
-    if before is not None and counts["documents"] and _as_published(run, documents, rejects):
+    if (before is not None and counts["documents"] and run.input_read is None
+            and _as_published(run, documents, rejects)):
         # The published rows again (a warm rerun): nothing is written and nothing downstream runs.
         run.documents_written = False
-        run.diff = DocumentDiff({"new": 0, "changed": 0, "deleted": 0,
-                                 "unchanged": counts["documents"] + counts["duplicates"]},
-                                *(run.spark.createDataFrame([], "id string") for _ in range(2)), 0, 0)
-        run.summary.counts.update({"documents": counts["documents"], "duplicate documents": counts["duplicates"],
-                                   "rejected inputs": counts["rejected"]})
-        run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
+        run.diff = _unchanged_diff(run, counts)
         return
     if counts["rejected"] or store.exists(T.INPUT_REJECTS):
         store.write(rejects, T.INPUT_REJECTS, counted=False)
@@ -180,6 +180,16 @@ def documents_stage(run: Run) -> None:
         run.summary.counts.update({f"documents {k}": v for k, v in run.diff.counts.items()})
 
 
+def _unchanged_diff(run: Run, counts: dict) -> DocumentDiff:
+    """The diff of documents read as the published ones, counted in the run summary."""
+    diff = DocumentDiff({"new": 0, "changed": 0, "deleted": 0, "unchanged": counts["documents"] + counts["duplicates"]},
+                        *(run.spark.createDataFrame([], "id string") for _ in range(2)), 0, 0)
+    run.summary.counts.update({"documents": counts["documents"], "duplicate documents": counts["duplicates"],
+                               "rejected inputs": counts["rejected"]})
+    run.summary.counts.update({f"documents {k}": v for k, v in diff.counts.items()})
+    return diff
+
+
 def _as_published(run: Run, documents: DataFrame, rejects: DataFrame) -> bool:
     """Whether the documents and rejects just read are the published tables' rows (one Spark job)."""
     pairs = []
@@ -193,6 +203,8 @@ def _as_published(run: Run, documents: DataFrame, rejects: DataFrame) -> bool:
 def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataFrame, dict]:
     """The input's documents. With ``input.change_data_feed`` on a refresh of a Delta input: the
     published documents with only the rows changed since the processed version applied."""
+    if run.input_read is not None:
+        return run.input_read
     cfg = run.cfg.input
     if cfg.format not in ("delta", "table"):
         return build_documents(run.spark, cfg)
@@ -231,18 +243,22 @@ def extraction_stage(run: Run) -> None:
     # The instances and claims of units that are gone are retracted; the others are kept as extracted.
     kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
             for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
-    # The offline instances are kept cached for the graph stage. The LLM ones are not: their plan reads
-    # llm_results, which the later LLM stages write, and Spark re-plans a cached frame on each write to a table it reads.
-    write = run.write_cached if nlp_instances is not None else store.write
-    n_entity_instances = write(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
-    n_relationship_instances = write(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
-                                     T.RELATIONSHIP_INSTANCES)
+    # Kept cached for the graph stage. The LLM instances are read from extraction's checkpoint (a scratch
+    # table), not from llm_results, which later stages write (Spark re-plans a cached frame on each
+    # write to a table it reads).
+    n_entity_instances = run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
+    n_relationship_instances = run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
+                                                T.RELATIONSHIP_INSTANCES)
     if nlp_instances is not None:
         nlp_instances.unpersist()
-    kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
-    claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
-    all_claims = _union(kept_claims, claims.drop("human_readable_id"))
-    run.counted[T.CLAIMS] = store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
+    if run.previous is None and not (run.llm and cfg.extraction.claims) and not store.exists(T.CLAIMS):
+        store.create_empty(T.CLAIMS)  # no claims on a new root: one metadata commit, no Spark job
+        run.counted[T.CLAIMS] = 0
+    else:
+        kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
+        claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
+        all_claims = _union(kept_claims, claims.drop("human_readable_id"))
+        run.counted[T.CLAIMS] = store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
     run.summary.counts["entity instances"] = n_entity_instances
     run.summary.counts["relationship instances"] = n_relationship_instances
 
@@ -394,7 +410,8 @@ def _llm_summaries(cfg: Config) -> bool:
 STAGES: tuple[Stage, ...] = (
     Stage("documents", ("input",), (T.DOCUMENTS, T.INPUT_REJECTS),
           "read every source (or, with input.change_data_feed, only the Delta rows changed since the processed "
-          "version); diff by source and content hash against the published documents", documents_stage),
+          "version) before the lock; the published documents again end the run there (no lock, nothing written); "
+          "else diff by source and content hash against the published documents", documents_stage),
     Stage("text_units", (T.DOCUMENTS,), (T.TEXT_UNITS,),
           "chunk only documents whose content is new; drop the units of documents whose content is gone",
           text_units_stage),
@@ -432,24 +449,59 @@ def _totals(summary: RunSummary) -> dict:
 
 def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummary:
     """Index ``cfg.input`` into ``cfg.storage``: a full build on a new root (or with ``full``), else a
-    refresh of the published index. Holds the root's lock; publishes the result in ``index_runs``."""
+    refresh of the published index. Holds the root's lock; publishes the result in ``index_runs``.
+
+    A refresh reads its input before it takes the lock: input that reads as the published documents
+    (a scheduled rerun with nothing new) ends the run there, with no lock taken and nothing written or
+    recorded, so it never waits for, or blocks, another job. Otherwise the locked run reuses that read
+    while the published run is still the one it was compared with."""
     store = T.TableStore(spark, cfg.storage)
     run_id = new_run_id()
+    checked = None if full else _check_input(spark, cfg, store, run_id)
+    if checked is not None and checked.diff is not None:
+        return checked.summary
     with runs.IndexLock(store, run_id, cfg.refresh):
-        return _locked_run(spark, cfg, store, run_id, full)
+        return _locked_run(spark, cfg, store, run_id, full, checked)
 
 
-def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool) -> RunSummary:
-    fingerprint = runs.config_fingerprint(cfg)
+def _plan_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool) -> tuple[Run, Row | None]:
+    """The run against the root's published state: a refresh of the last succeeded run, or a full build."""
     published = runs.published_run(store)
     summary = RunSummary(run_id=run_id)
-    if published is not None and not full and published["config_fingerprint"] != fingerprint:
+    if published is not None and not full and published["config_fingerprint"] != runs.config_fingerprint(cfg):
         summary.counts["note"] = "index settings changed since the published run: full rebuild (cached LLM results reused)"
         full = True
     previous = None if published is None or full else T.TableStore(spark, cfg.storage, dict(published["table_versions"]))
     summary.mode = "refresh" if previous is not None else "full"
     run = Run(spark, cfg, store, previous, run_id, summary,
+              published_run_id=None if previous is None else published["run_id"],
               previous_source_version=None if published is None else published["source_version"])
+    return run, published
+
+
+def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str) -> Run | None:
+    """A refresh's input read and compared with the published documents, without the lock; its ``diff``
+    is set only where nothing changed. None for a full build."""
+    run, _ = _plan_run(spark, cfg, store, run_id, full=False)
+    if run.previous is None:
+        return None
+    with run.summary.stage("input_check"):
+        run.input_read = read_documents(run, run.before(T.DOCUMENTS))
+        documents, rejects, counts = run.input_read
+        if counts["documents"] and _as_published(run, documents, rejects):
+            run.diff = _unchanged_diff(run, counts)
+            run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
+                                                     "no lock taken, nothing written")
+    return run
+
+
+def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool,
+                checked: Run | None) -> RunSummary:
+    run, published = _plan_run(spark, cfg, store, run_id, full)
+    summary, fingerprint = run.summary, runs.config_fingerprint(cfg)
+    if checked is not None and run.previous is not None and run.published_run_id == checked.published_run_id:
+        run.input_read, run.source_version = checked.input_read, checked.source_version
+        summary.seconds.update(checked.summary.seconds)
     started = _utcnow()
     common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
               "config_fingerprint": fingerprint}
@@ -575,11 +627,12 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
         contexts = reports.community_contexts(all_communities.where(F.col("level") == level), entities, relationships,
                                               finer, None, all_communities.where(F.col("level") == level + 1))
         level_reports = reports.generate_level_reports(contexts, lambda row: reports.extractive_report(row, max_findings))
-        store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append")
+        store.write(level_reports, T.COMMUNITY_REPORTS, mode="overwrite" if level == levels[0] else "append",
+                    counted=False)
         finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
         per_level[level] = finer.count()
     if not levels:
-        store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
+        store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS, counted=False)
     summary.counts["reports per level"] = dict(sorted(per_level.items()))
 
 

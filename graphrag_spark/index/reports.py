@@ -331,7 +331,7 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
             level_answers = level_answers.unionByName(late)
         written.append(store.checkpoint(reports_of(contexts.join(level_answers, "id")), f"reports_{level}"))
     reports = reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True)))
-    store.write(reports, T.COMMUNITY_REPORTS)
+    store.write(reports, T.COMMUNITY_REPORTS, counted=False)  # counted per level below
     per_level = store.read(T.COMMUNITY_REPORTS).groupBy("level").count().collect()
     for frame in (elements, written[0]):
         frame.unpersist()
