@@ -89,10 +89,13 @@ def test_bad_files_are_skipped_and_counted_next_to_good_ones(spark, make_config,
     (folder / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
     (folder / "huge.txt").write_text("Port Alder " * 5000)
     (folder / "image.png").write_bytes(b"\x89PNG")
+    (folder / "empty.txt").write_bytes(b"")  # Spark's scan skips it: found from the listing
+    (folder / "header.csv").write_text("text,title\n")
     cfg = make_config("input.max_document_bytes=20000", input_path=folder)
     summary = run_index(spark, cfg)
-    assert summary.counts["documents"] == 1 and summary.counts["rejected inputs"] == 3
+    assert summary.counts["documents"] == 1 and summary.counts["rejected inputs"] == 5
     reasons = {r.source.rsplit("/", 1)[-1]: r.reason for r in T.TableStore(spark, cfg.storage).read(T.INPUT_REJECTS).collect()}
     assert "not valid UTF-8" in reasons["latin.txt"]
     assert "above input.max_document_bytes" in reasons["huge.txt"]
     assert "unsupported file type" in reasons["image.png"]
+    assert reasons["empty.txt"] == "empty file" and reasons["header.csv"] == "CSV has a header but no rows"

@@ -45,5 +45,7 @@ def test_jsonl_records_keep_metadata_and_reject_bad_lines():
 def test_csv_needs_the_text_column():
     rows = parse_file("/d.csv", b"title,text\nA,alpha text\nB,beta text\n", OPTS)
     assert [r["title"] for r in rows] == ["A", "B"]
+    [header_only] = parse_file("/h.csv", b"title,text\n", OPTS)
+    assert header_only["kind"] == "reject" and "no rows" in header_only["reason"]
     [reject] = parse_file("/d.csv", b"name,body\nA,alpha\n", OPTS)
     assert "no column 'text'" in reject["reason"]

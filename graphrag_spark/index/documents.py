@@ -29,7 +29,7 @@ from graphrag_spark.ids import content_id, normalize_text
 
 _FORMAT_BY_SUFFIX = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
                      ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
-_PARSED_COLUMNS = ["kind", "id", "title", "text", "source", "metadata", "reason", "n_bytes"]
+_PARSED_COLUMNS = ["kind", "id", "title", "text", "source", "metadata", "reason", "n_bytes", "file"]
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
@@ -125,8 +125,11 @@ def _parse_csv(path: str, text: str, opts: ReaderOptions) -> Iterator[dict]:
     if opts.text_column not in (reader.fieldnames or []):
         yield _reject(path, f"CSV has no column '{opts.text_column}' (columns: {reader.fieldnames}); set input.text_column", len(text))
         return
-    for row_number, row in enumerate(reader, start=1):
-        yield _record_document(f"{path}#row{row_number}", row, opts)
+    rows = 0
+    for rows, row in enumerate(reader, start=1):
+        yield _record_document(f"{path}#row{rows}", row, opts)
+    if not rows:
+        yield _reject(path, "CSV has a header but no rows", len(text))
 
 
 def _parsed_frame(rows: list[dict]) -> pd.DataFrame:
@@ -138,8 +141,9 @@ def _parsed_frame(rows: list[dict]) -> pd.DataFrame:
     return frame
 
 
+# ``file``: the input file a row came from (null for a table's rows).
 _PARSED_SCHEMA = ("kind string, id string, title string, text string, source string, "
-                  "metadata string, reason string, n_bytes long")
+                  "metadata string, reason string, n_bytes long, file string")
 
 
 def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFrame:
@@ -150,7 +154,7 @@ def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFram
         for batch in batches:
             rows = []
             for file_path, content in zip(batch["path"], batch["content"]):
-                rows.extend(parse_file(file_path, bytes(content), opts))
+                rows.extend({**row, "file": file_path} for row in parse_file(file_path, bytes(content), opts))
             yield _parsed_frame(rows)
 
     # Oversized files are rejected from their length alone: their bytes never leave storage.
@@ -160,7 +164,7 @@ def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFram
         F.lit(None).cast("string").alias("metadata"),
         F.concat(F.lit("file is "), F.col("length").cast("string"),
                  F.lit(f" bytes, above input.max_document_bytes={opts.max_document_bytes}")).alias("reason"),
-        F.col("length").alias("n_bytes"))
+        F.col("length").alias("n_bytes"), F.col("path").alias("file"))
     parsed = files.where(F.col("length") <= opts.max_document_bytes).mapInPandas(parse_partition, _PARSED_SCHEMA)
     return parsed.unionByName(too_big)
 
@@ -214,24 +218,19 @@ def check_local_input(cfg: InputConfig, plain_paths_local: bool) -> None:
         raise UserError(_missing_input(cfg.path))
 
 
-def _list_empty_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
-    """Fail fast on a missing or empty folder, and list zero-byte files: Spark's file scans skip
-    them without a trace, so they are found here to be counted as rejects. The file listing
-    (``inputFiles``) holds them, the scan does not; both work on Spark Connect (no Hadoop API)."""
-    files = spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+def _list_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
+    """Every file of the input folder, zero-byte ones included: Spark's file scans skip those without a
+    trace, so they are found by comparing this listing (``inputFiles``) with the files the scan read, to
+    be counted as rejects. Fails fast on a missing or empty folder; works on Spark Connect (no Hadoop API)."""
     try:
-        listing = files.load(cfg.path)
-        listed = listing.inputFiles()
+        listed = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(cfg.path).inputFiles()
     except Exception as exc:  # noqa: BLE001 - only a missing path is the user's mistake
         if analysis_condition(exc) == "PATH_NOT_FOUND":
             raise UserError(_missing_input(cfg.path)) from None
         raise
     if not listed:
         raise UserError(f"Input folder '{cfg.path}' contains no files; add documents or point input.path elsewhere.")
-    if listing.count() == len(listed):
-        return []
-    scanned = {_same_path(row.path) for row in listing.select("path").collect()}
-    return sorted(path for path in map(_same_path, listed) if path not in scanned)
+    return list(listed)
 
 
 def _same_path(uri: str) -> str:
@@ -243,20 +242,18 @@ def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, D
     """Returns (documents, rejects, counts). Duplicates keep the smallest source path as canonical."""
     opts = ReaderOptions.from_config(cfg)
     if cfg.format in ("delta", "table"):
-        parsed = _read_table(spark, cfg, opts)
-    else:
-        empty_files = _list_empty_files(spark, cfg)
-        parsed = _read_files(spark, cfg.path, opts)
-        if empty_files:
-            parsed = parsed.unionByName(spark.createDataFrame(
-                _parsed_frame([_reject(path, "empty file", 0) for path in empty_files]), _PARSED_SCHEMA))
-    return _group(parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>")))
+        return _group(_read_table(spark, cfg, opts))
+    listed = _list_files(spark, cfg)  # first: a missing or empty folder gets its sentence
+    return _group(_read_files(spark, cfg.path, opts), listed)
 
 
-def _group(parsed: DataFrame) -> tuple[DataFrame, DataFrame, dict]:
+def _group(parsed: DataFrame, listed: list[str] | None = None) -> tuple[DataFrame, DataFrame, dict]:
+    """Documents grouped by content, rejects and counts from parsed rows; ``listed``: the input files, of
+    which those the scan did not read (zero bytes: every file read gives a row) are rejects too."""
     # Persisted under a plan of its own: an identical plan persisted by an earlier run in this session
     # (a refresh of the same path) would otherwise be served from that run's cache, not from the files.
-    parsed = parsed.withColumn("_read", F.lit(time.time_ns())).persist().drop("_read")
+    parsed = (parsed.withColumn("metadata", F.from_json("metadata", "map<string,string>"))
+              .withColumn("_read", F.lit(time.time_ns())).persist().drop("_read"))
     rejects = parsed.where("kind = 'reject'").select("source", "reason", "n_bytes")
     docs = parsed.where("kind = 'document'")
     documents = (docs.groupBy("id").agg(
@@ -266,12 +263,20 @@ def _group(parsed: DataFrame) -> tuple[DataFrame, DataFrame, dict]:
                 # filter, not array_remove: a column as the element to remove is Spark 4 only.
                 F.filter("all_sources", lambda source: source != F.col("first.source")).alias("duplicate_sources"),
                 "first.metadata", F.length("first.text").cast("long").alias("n_chars")))
-    # One job for the three counts (each Spark job is a fixed cost that dominates small inputs).
+    # One job for the counts (each Spark job is a fixed cost that dominates small inputs).
     is_document = F.col("kind") == "document"
     totals = parsed.agg(F.count(F.when(is_document, 1)).alias("read"), F.count(F.when(F.col("kind") == "reject", 1)).alias("rejected"),
-                        F.countDistinct(F.when(is_document, F.col("id"))).alias("documents")).collect()[0]
-    return documents, rejects, {"documents": totals["documents"], "duplicates": totals["read"] - totals["documents"],
-                                "rejected": totals["rejected"]}
+                        F.countDistinct(F.when(is_document, F.col("id"))).alias("documents"),
+                        F.countDistinct("file").alias("files")).collect()[0]
+    counts = {"documents": totals["documents"], "duplicates": totals["read"] - totals["documents"],
+              "rejected": totals["rejected"]}
+    if listed is not None and totals["files"] < len(listed):
+        scanned = {_same_path(row.file) for row in parsed.select("file").distinct().collect()}
+        empty = sorted(path for path in listed if _same_path(path) not in scanned)
+        rejects = rejects.unionByName(parsed.sparkSession.createDataFrame(
+            [(path, "empty file", 0) for path in empty], "source string, reason string, n_bytes long"))
+        counts["rejected"] += len(empty)
+    return documents, rejects, counts
 
 
 def _table_name(cfg: InputConfig) -> str:
@@ -295,8 +300,9 @@ def build_documents_from_changes(spark: SparkSession, cfg: InputConfig, publishe
     prefix = f"{cfg.path}#"
     kept = (published.select(F.explode(F.array_union(F.array("source"), F.coalesce(
         "duplicate_sources", F.array().cast("array<string>")))).alias("source"), "id", "title", "text", "metadata")
-        .select(F.lit("document").alias("kind"), "id", "title", "text", "source", "metadata",
-                F.lit(None).cast("string").alias("reason"), F.lit(0).cast("long").alias("n_bytes")))
+        .select(F.lit("document").alias("kind"), "id", "title", "text", "source", F.to_json("metadata").alias("metadata"),
+                F.lit(None).cast("string").alias("reason"), F.lit(0).cast("long").alias("n_bytes"),
+                F.lit(None).cast("string").alias("file")))
     latest_version = source_table_version(spark, cfg)
     if latest_version > processed_version:
         reader = (spark.read.format("delta").option("readChangeFeed", "true")
@@ -308,6 +314,6 @@ def build_documents_from_changes(spark: SparkSession, cfg: InputConfig, publishe
         touched = final.select(F.concat(F.lit(prefix), F.col(cfg.id_column).cast("string")).alias("source"))
         present = (final.where(F.col("_change_type").isin("insert", "update_postimage"))
                    .drop("_change_type", "_commit_version", "_commit_timestamp", "_n"))
-        changed = _read_table(spark, cfg, opts, present).withColumn("metadata", F.from_json("metadata", "map<string,string>"))
+        changed = _read_table(spark, cfg, opts, present)
         kept = kept.join(touched, "source", "left_anti").unionByName(changed)
     return _group(kept)
