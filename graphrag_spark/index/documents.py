@@ -125,10 +125,10 @@ def _parse_csv(path: str, text: str, opts: ReaderOptions) -> Iterator[dict]:
     if opts.text_column not in (reader.fieldnames or []):
         yield _reject(path, f"CSV has no column '{opts.text_column}' (columns: {reader.fieldnames}); set input.text_column", len(text))
         return
-    rows = 0
-    for rows, row in enumerate(reader, start=1):
-        yield _record_document(f"{path}#row{rows}", row, opts)
-    if not rows:
+    row_number = 0
+    for row_number, row in enumerate(reader, start=1):
+        yield _record_document(f"{path}#row{row_number}", row, opts)
+    if not row_number:
         yield _reject(path, "CSV has a header but no rows", len(text))
 
 
