@@ -76,34 +76,39 @@ def _echo_fn():
 def test_a_driver_crash_loses_at_most_the_calls_in_flight(spark, make_config, monkeypatch):
     from graphrag_spark.llm import stage
 
-    _echo = _echo_fn()
-    with start_server(seed=6, latency_s=0.5) as server:
+    _echo, n_items = _echo_fn(), 40
+    # 40 calls of 1 s, 4 at a time: 10 s of calls. The driver dies at the first commit with rows (a
+    # commit's Delta job could not run before the calling tasks free a core anyway): most calls are
+    # still to be made then, even on a loaded machine.
+    with start_server(seed=6, latency_s=1.0) as server:
         cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
                           "llm.commit_interval_s=0.5", "llm.max_in_flight=4")
         store = T.TableStore(spark, cfg.storage)
-        original, seen = stage._commit, {"rows": 0}
+        original = stage._commit
 
         def crashing_commit(spark, store, rows):
-            seen["rows"] += len(rows)
-            if seen["rows"] >= 4:  # calls have returned, some are in flight: the driver dies here
+            if rows:  # calls have returned, some are in flight: the driver dies here
                 raise KeyboardInterrupt("simulated driver crash")
             return original(spark, store, rows)
 
         monkeypatch.setattr(stage, "_commit", crashing_commit)
         with pytest.raises(KeyboardInterrupt):
-            run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 40), _echo, new_run_id(), "v1", {})
+            run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, n_items), _echo, new_run_id(),
+                          "v1", {})
         monkeypatch.setattr(stage, "_commit", original)
-        time.sleep(1.0)  # calls in flight at the crash finish (paid, lost)
+        time.sleep(1.5)  # calls in flight at the crash finish (paid, lost)
         paid_before = server.stats()["served"]["chat"]
         journal = stage.journal_dir(cfg.storage.root) / "echo.jsonl"
         returned = len(stage.read_journal(journal))
-        assert 0 < returned < 40 and paid_before - returned <= 4, "only calls in flight were lost"
+        assert 0 < returned < n_items and paid_before - returned <= 4, "only calls in flight were lost"
 
-        _, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 40), _echo,
+        rerun_llm = cfg.llm.model_copy(update={"max_in_flight": 32})
+        _, usage = run_llm_stage(spark, store, rerun_llm, cfg.llm.chat, "echo", _echo_items(spark, n_items), _echo,
                                  new_run_id(), "v1", {})
-        assert (usage.cache_hits, usage.calls) == (returned, 40 - returned), "every returned call was kept"
-        assert server.stats()["served"]["chat"] == paid_before + 40 - returned
-        assert store.read(T.LLM_RESULTS).select("item_key").distinct().count() == 40
+        assert (usage.cache_hits, usage.calls) == (returned, n_items - returned), "every returned call was kept"
+        assert server.stats()["served"]["chat"] == paid_before + n_items - returned
+        results = store.read(T.LLM_RESULTS)
+        assert results.count() == results.select("item_key").distinct().count() == n_items
         assert not journal.exists()
 
 
