@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from llm_budget import UNTHROTTLED
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 SAMPLE_CORPUS = REPO / "data" / "sample"
@@ -73,7 +75,7 @@ def make_config(tmp_path):
     def make(*overrides: str, input_path: str | Path = SAMPLE_CORPUS):
         return load_config(REPO / "conf" / "local.yaml",
                            [f"storage.root={tmp_path / 'index'}", f"input.path={input_path}",
-                            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *overrides])
+                            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *UNTHROTTLED, *overrides])
 
     return make
 

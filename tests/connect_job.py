@@ -22,6 +22,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.compat import is_connect
 from graphrag_spark.config import load_config
 from graphrag_spark.query.api import GraphRagIndex
+from llm_budget import UNTHROTTLED
 
 REPO = Path(__file__).resolve().parent.parent
 QUESTIONS = ["Who opposes the harbour dredging near the estuary?", "What did the election decide?"]
@@ -43,7 +44,7 @@ def llm_config(root: str, input_path: str, llm_base_url: str, *overrides: str):
     return config(root, input_path, "extraction.method=llm", "extraction.claims=true", "chunking.size=200",
                   "chunking.overlap=30", "embeddings.provider=openai", "llm.items_per_commit=2",
                   f"llm.chat.api_base={llm_base_url}", f"llm.embedding.api_base={llm_base_url}",
-                  f"llm.chat.api_key_env={LLM_KEY_ENV}", f"llm.embedding.api_key_env={LLM_KEY_ENV}", *overrides)
+                  f"llm.chat.api_key_env={LLM_KEY_ENV}", f"llm.embedding.api_key_env={LLM_KEY_ENV}", *UNTHROTTLED, *overrides)
 
 
 def index_rows(spark, cfg) -> dict:

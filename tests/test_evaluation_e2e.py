@@ -16,6 +16,7 @@ from graphrag_spark.config import load_config
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import REPO
+from llm_budget import UNTHROTTLED
 from test_notebooks import run_notebook
 
 pytestmark = pytest.mark.spark
@@ -33,7 +34,7 @@ def evaluated(spark, sample_index, tmp_path_factory):
                      "llm.chat.max_retries=0", "llm.items_per_commit=1000", f"evaluation.root={root}",
                      f"evaluation.conditions=[{', '.join(CONDITIONS)}]", "evaluation.personas=2",
                      "evaluation.tasks_per_persona=2", "evaluation.questions_per_task=2",
-                     f"evaluation.repeats={REPEATS}", "evaluation.sample_units=5"]
+                     f"evaluation.repeats={REPEATS}", "evaluation.sample_units=5", *UNTHROTTLED]
         cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={sample_index[0].storage.root}", *overrides])
         first = Evaluation(GraphRagIndex(spark, cfg)).run()
         first_stats = server.stats()

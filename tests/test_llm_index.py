@@ -24,6 +24,7 @@ from graphrag_spark.llm.server import start_server
 from graphrag_spark.llm.stage import new_run_id
 
 from conftest import REPO, SAMPLE_CORPUS
+from llm_budget import UNTHROTTLED
 
 pytestmark = pytest.mark.spark
 
@@ -45,7 +46,7 @@ def _llm_config(root, corpus, server, *extra):
         "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
         "llm.chat.api_key_env=GRAPHRAG_TEST_KEY", "llm.chat.max_retries=8", "llm.chat.timeout_s=5",
         "extraction.claims=true", "llm.chat.price_per_1k_prompt=0.5", "llm.chat.price_per_1k_completion=1.5",
-        "chunking.size=200", "chunking.overlap=30", *extra])
+        "chunking.size=200", "chunking.overlap=30", *UNTHROTTLED, *extra])
 
 
 @pytest.fixture
