@@ -69,6 +69,10 @@ def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) ->
         "--conf", f"spark.pyspark.python={sys.executable}",
         "--conf", "spark.speculation=false",
         "--conf", "spark.ui.enabled=false",
+        # As build_spark sets on a local classic session: Delta rebuilds a table's state in 50 tasks by
+        # default, a stage per new table version (most of this server's tasks); INFO logs every task.
+        "--conf", "spark.databricks.delta.snapshotPartitions=2",
+        "--conf", "spark.log.level=WARN",
         "--conf", "spark.buffer.pageSize=4m",
         "--conf", "spark.sql.catalogImplementation=in-memory",
         "--conf", f"spark.sql.warehouse.dir={log_path.parent / 'warehouse'}",

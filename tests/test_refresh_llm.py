@@ -22,7 +22,6 @@ from graphrag_spark.llm.server import start_server
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import REPO, SAMPLE_CORPUS
-from llm_budget import UNTHROTTLED
 
 pytestmark = pytest.mark.spark
 
@@ -33,8 +32,7 @@ def _overrides(server, root, folder):
     return [f"storage.root={root}", f"input.path={folder}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
             "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
             f"llm.chat.api_key_env={KEY_ENV}", "extraction.claims=true", "extraction.max_gleanings=0",
-            "chunking.size=300", "chunking.overlap=30", "communities.max_levels=2", "spark.shuffle_partitions=2",
-            *UNTHROTTLED]
+            "chunking.size=300", "chunking.overlap=30", "communities.max_levels=2", "spark.shuffle_partitions=2"]
 
 
 def _job(overrides, log):
