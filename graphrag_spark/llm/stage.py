@@ -11,7 +11,8 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
   and starts the next item as soon as one returns).
 - **Durable per item.** Tasks send each finished item's row to the driver's coordinator
   (``llm.coordinator``), which journals it at once and commits to Delta every
-  ``llm.commit_interval_s``: a driver crash loses at most the calls in flight, and a task that
+  ``llm.commit_interval_s`` (the calling job leaves one task slot free, so that these commits run while
+  it does): a driver crash loses at most the calls in flight, and a task that
   Spark retries pays again for nothing that had returned. ``llm_results`` is compacted once it
   has more than ``llm.max_result_files`` files.
 - **Job-wide throttling.** One budget on the driver for all tasks; concurrency is the limit x
@@ -304,11 +305,15 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
     figures = UsageFigures()
     if n_pending:
-        n_tasks = max(1, min(n_pending, max(default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK))))
+        slots, by_size = default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK)
         if is_connect(spark):
+            n_tasks = max(1, min(n_pending, max(slots, by_size)))
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter)
         else:
+            # One slot stays free: the periodic commit is a Spark job, and it could not start before the
+            # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
+            n_tasks = max(1, min(n_pending, max(slots - 1, by_size)))
             figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal)
         _compact(spark, store, llm.max_result_files)
 
