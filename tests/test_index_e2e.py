@@ -31,6 +31,13 @@ def test_every_table_is_delta_with_the_declared_schema(index):
         assert [f.name for f in store.read(name).schema.fields] == [f.name for f in T.SCHEMAS[name].fields]
 
 
+def test_every_table_is_created_with_the_project_checkpoint_interval(spark, index):
+    _, store, _ = index
+    for name in (T.DOCUMENTS, T.INPUT_REJECTS, T.ENTITIES, T.COMMUNITY_REPORTS, T.INDEX_RUNS, T.INDEX_LOCK):
+        properties = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {store.sql_name(name)}").collect()}
+        assert {k: properties.get(k) for k in T.TABLE_PROPERTIES} == T.TABLE_PROPERTIES, name
+
+
 def test_documents_dedupe_and_rejects_are_counted(index):
     _, store, summary = index
     docs = store.read(T.DOCUMENTS)

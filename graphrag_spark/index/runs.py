@@ -82,7 +82,7 @@ class IndexLock:
             [Row(lock=LOCK_KEY, run_id=self.run_id, job=self.job, host=socket.gethostname(), pid=os.getpid(),
                  acquired_at=None, heartbeat_at=None)], T.SCHEMAS[T.INDEX_LOCK]
         ).withColumn("acquired_at", F.current_timestamp()).withColumn("heartbeat_at", F.current_timestamp())
-        writer = taken.write.format("delta").mode("error")  # Spark Connect knows only this spelling
+        writer = taken.write.format("delta").mode("error").options(**T.TABLE_PROPERTIES)  # Connect knows only "error"
         try:
             if self.store.storage.database:
                 writer.saveAsTable(self.store.location(T.INDEX_LOCK))
