@@ -226,6 +226,8 @@ class TableStore:
         self.storage = storage
         self.versions = versions
         self._scratch: set[str] = set()
+        # Set to a list by a job that appends its llm_usage rows at its end, in one commit (llm.stage).
+        self.deferred_usage: list[dict] | None = None
 
     def location(self, name: str) -> str:
         if self.storage.database:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
@@ -38,7 +38,7 @@ from graphrag_spark.index.embed import build_embeddings
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
-from graphrag_spark.llm.stage import StageUsage, new_run_id
+from graphrag_spark.llm.stage import StageUsage, append_usage, new_run_id
 
 
 def _utcnow() -> datetime:
@@ -506,15 +506,19 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
               "config_fingerprint": fingerprint}
     runs.record_run(store, status=runs.RUNNING, **common)
+    store.deferred_usage = []  # one llm_usage commit for the run, not one per LLM stage
     try:
         versions = _run_stages(run, published)
     except BaseException as exc:
+        with suppress(Exception):  # the stages' error is the one to report
+            _append_deferred_usage(store)
         runs.record_run(store, status=runs.FAILED, ended_at=_utcnow(), error=f"{type(exc).__name__}: {str(exc)[:500]}",
                         **common, **_totals(summary))
         raise
     finally:
         for frame in run.written.values():
             frame.unpersist()
+    _append_deferred_usage(store)
     diff = run.diff.counts if run.diff is not None else {"new": summary.counts["documents"]}
     runs.record_run(store, status=runs.SUCCEEDED, ended_at=_utcnow(), table_versions=versions,
                     source_version=run.source_version, documents_new=diff.get("new", 0),
@@ -524,6 +528,11 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     with summary.stage("retention"):
         summary.counts.update(retention.apply(run))
     return summary
+
+
+def _append_deferred_usage(store: T.TableStore) -> None:
+    rows, store.deferred_usage = store.deferred_usage or [], None
+    append_usage(store.spark, store, rows)
 
 
 def stage_predecessors(stages: tuple[Stage, ...]) -> dict[str, set[str]]:

@@ -331,11 +331,12 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
             level_answers = level_answers.unionByName(late)
         written.append(store.checkpoint(reports_of(contexts.join(level_answers, "id")), f"reports_{level}"))
     reports = reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True)))
-    store.write(reports, T.COMMUNITY_REPORTS, counted=False)  # counted per level below
-    per_level = store.read(T.COMMUNITY_REPORTS).groupBy("level").count().collect()
+    written_rows = store.write(reports, T.COMMUNITY_REPORTS)
+    if written_rows != len(shape):  # one report per community: what the per-level counts below assume
+        raise RuntimeError(f"internal error: {written_rows} community reports written for {len(shape)} communities")
     for frame in (elements, written[0]):
         frame.unpersist()
-    counts = {"reports per level": dict(sorted((int(r["level"]), int(r["count"])) for r in per_level)),
+    counts = {"reports per level": {int(level): int(n) for level, n in shape.groupby("level").size().sort_index().items()},
               "reports reused (same members as a sub-community)": len(origins),
               "contexts with substituted sub-reports": dict(sorted(substituted.items())),
               "report contexts trimmed to reports.max_input_tokens": trimmed,

@@ -20,7 +20,8 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
 - **Nothing lost.** A failed item is a row with its error, stage, item id and attempts; it is
   retried on the next run. The stage fails with a summary only above ``llm.max_failed_share``.
 - **Usage.** One ``llm_usage`` row per run and stage: calls, cache hits, retries, failures,
-  tokens, service latency and queue wait percentiles (apart), and an estimated cost.
+  tokens, service latency and queue wait percentiles (apart), and an estimated cost. The index job
+  appends its stages' rows in one commit at its end (``TableStore.deferred_usage``), not one per stage.
 
 On Spark Connect the executors cannot reach the client, so there is no coordinator: tasks
 throttle to ``1/tasks`` of the budget, and the items run in waves of ``llm.items_per_commit``, each
@@ -330,14 +331,22 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # failed items are this run's error rows (no scan of llm_results).
     n_failed = figures.failed_items
     usage.failures = n_failed
-    store.write(spark.createDataFrame([{"run_id": run_id, **usage.__dict__}], T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append",
-                counted=False)
+    if store.deferred_usage is not None:  # the job appends its stages' rows at its end
+        store.deferred_usage.append({"run_id": run_id, **usage.__dict__})
+    else:
+        append_usage(spark, store, [{"run_id": run_id, **usage.__dict__}])
     if n_items and n_failed / n_items > llm.max_failed_share:
         examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "
                           f"(above llm.max_failed_share={llm.max_failed_share}); their errors are in the "
                           f"'{T.LLM_RESULTS}' table and a rerun retries only them. First errors: {examples}")
     return outcome, usage
+
+
+def append_usage(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
+    """``llm_usage`` rows in one commit."""
+    if rows:
+        store.write(spark.createDataFrame(rows, T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append", counted=False)
 
 
 def _usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, model: LlmModelConfig,
