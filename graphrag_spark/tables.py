@@ -199,6 +199,10 @@ def _identifier(part: str) -> str:
 # (98 appends: 132 s at 10, 81 s at 100). A table created by an older version keeps its own interval.
 TABLE_PROPERTIES = {"delta.checkpointInterval": "100"}
 
+# Up to this many rows (as the caller expects), TableStore.checkpoint keeps a frame in the driver: a
+# scratch table costs a Delta write and a read back, 2-4 s on 2 cores for a few rows.
+LOCAL_CHECKPOINT_ROWS = 1_000
+
 # Where TableStore.checkpoint materialises intermediate frames: <root>/_scratch/<name>, or <database>._scratch_<name>.
 SCRATCH = "_scratch"
 
@@ -271,12 +275,18 @@ class TableStore:
             return self.spark.table(self.location(name))
         return self.spark.read.format("delta").load(self.location(name))
 
-    def checkpoint(self, df: DataFrame, name: str) -> DataFrame:
+    def checkpoint(self, df: DataFrame, name: str, expected_rows: int | None = None) -> DataFrame:
         """``df`` written to the scratch Delta table ``name`` and read back. The lineage is cut as with
         ``localCheckpoint``, but the rows live in the index's storage, not in executors: a lost executor
         loses nothing, so no LLM call behind them is made (or paid) again, and it works on Spark Connect
         (no RDD API). A later call with the same name replaces the rows: one name per frame in use.
-        :meth:`drop_scratch` removes them after a successful run; a crashed run's are replaced by the rerun."""
+        :meth:`drop_scratch` removes them after a successful run; a crashed run's are replaced by the rerun.
+
+        ``expected_rows``: about how many rows ``df`` holds, where the caller knows (an LLM stage's distinct
+        items, say). Up to ``LOCAL_CHECKPOINT_ROWS`` the rows are kept in the driver instead (one collect,
+        no table): the same cut lineage, and a lost executor loses nothing either."""
+        if expected_rows is not None and expected_rows <= LOCAL_CHECKPOINT_ROWS:
+            return self.spark.createDataFrame(df.collect(), df.schema)
         table = f"{SCRATCH}_{name}" if self.storage.database else f"{SCRATCH}/{name}"
         self.write(df, table, counted=False)
         self._scratch.add(table)

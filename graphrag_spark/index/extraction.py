@@ -121,7 +121,8 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
         usages.append(claims_usage)
     # Materialised once: the drop counts and the three instance tables written from it would each
     # derive it again (a scan of llm_results, a join with the items).
-    results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results")
+    results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results",
+                               expected_rows=sum(u.items for u in usages))
     if dropped is not None:
         dropped["text units failed extraction (retried next run)"] = usage.failures
         if cfg.claims:

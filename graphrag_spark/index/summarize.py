@@ -78,7 +78,8 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
         summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
                                       (only or {}).get(table))
         # Materialised (in Delta: a lost executor loses nothing) before merging into the table the plan reads from.
-        store.update_columns(store.checkpoint(summaries, f"summaries_{table}"), table, ["description"])
+        store.update_columns(store.checkpoint(summaries, f"summaries_{table}", expected_rows=usage.items), table,
+                             ["description"])
         return usage
 
     # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
