@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
@@ -224,13 +225,11 @@ def published_store(spark: SparkSession, storage, run_id: str | None = None) -> 
 
 
 def current_versions(store: T.TableStore) -> dict[str, int]:
-    """The latest version of every published table the root holds (one history read each, no existence check first)."""
-    versions = {}
-    for name in T.PUBLISHED:
-        version = store.version_or_none(name)
-        if version is not None:
-            versions[name] = version
-    return versions
+    """The latest version of every published table the root holds (one history read each, no existence
+    check first; four at once: each is mostly a round trip, a quarter second on a small table)."""
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="table-version") as pool:
+        versions = dict(zip(T.PUBLISHED, pool.map(store.version_or_none, T.PUBLISHED)))
+    return {name: version for name, version in versions.items() if version is not None}
 
 
 def record_run(store: T.TableStore, **row) -> None:
