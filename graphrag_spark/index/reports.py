@@ -268,14 +268,15 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
     # Every original's elements, built once: its report context and, should its call fail, its
     # extractive stand-in are written from them. Contexts without sub-reports, all levels in one job;
     # those that fit (or have nothing to substitute) are final, and all of them are called in one stage.
+    n_originals = len(shape) - len(origins)
     elements = community_contexts(originals, entities, relationships, None, claims).persist()
-    first = store.checkpoint(report_contexts(elements, max_input), "report_contexts", expected_rows=len(shape) - len(origins))
+    first = store.checkpoint(report_contexts(elements, max_input), "report_contexts", expected_rows=n_originals)
     waits = F.col("truncated") & (F.size("children") > 0)
     first = first.join(originals.select("id", "children"), "id")
     usages = []
     answers, usage = _report_stage(spark, store, cfg, first.where(~waits), run_id)
     usages.append(usage)
-    answers = store.checkpoint(answers, "report_answers", expected_rows=len(shape) - len(origins))
+    answers = store.checkpoint(answers, "report_answers", expected_rows=n_originals)
     # Per community: whether it waits for its sub-reports, or needs them for its stand-in (a failed
     # call with sub-communities: the stand-in names them). Only those are built level by level.
     status = (first.join(answers.select("id", F.col("result").isNull().alias("failed")), "id", "left")

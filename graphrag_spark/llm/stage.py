@@ -331,10 +331,11 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # failed items are this run's error rows (no scan of llm_results).
     n_failed = figures.failed_items
     usage.failures = n_failed
+    usage_row = {"run_id": run_id, **usage.__dict__}
     if store.deferred_usage is not None:  # the job appends its stages' rows at its end
-        store.deferred_usage.append({"run_id": run_id, **usage.__dict__})
+        store.deferred_usage.append(usage_row)
     else:
-        append_usage(spark, store, [{"run_id": run_id, **usage.__dict__}])
+        append_usage(spark, store, [usage_row])
     if n_items and n_failed / n_items > llm.max_failed_share:
         examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "
