@@ -211,6 +211,48 @@ def test_higher_levels_substitute_finished_sub_reports_when_the_context_overflow
             assert finer[child].replace('"', '""') in row.context, "the finer level's finished report is in the context"
 
 
+@pytest.mark.parametrize("answers", ["cached", "failing"])
+def test_reports_built_on_the_driver_equal_the_spark_path(spark, llm_index, mini_corpus, tmp_path, monkeypatch, request,
+                                                          answers):
+    """A small graph's reports are built on the driver; the Spark path (any size) writes the same rows,
+    counts and calls, from cached answers and from failed calls alike (extractive stand-ins, which
+    name their sub-communities). The server answers every call with an error: a call either path makes fails."""
+    from graphrag_spark.index import reports
+
+    root = tmp_path / "index"
+    shutil.copytree(llm_index.cfg.storage.root, root)
+    extra = ("llm.chat.max_retries=0", "llm.max_failed_share=1.0", "communities.max_cluster_size=4",
+             "reports.max_input_tokens=1000")
+    if answers == "failing":
+        extra += ("llm.chat.model=model-without-answers",)
+    server = start_server(error_rate=1.0)
+    request.addfinalizer(server.stop)
+    cfg = _llm_config(root, mini_corpus, server, *extra)
+    store = T.TableStore(spark, cfg.storage)
+    claims = store.read(T.CLAIMS)
+    columns = ["community", "level", "id", "title", "summary", "rating", "findings", "full_content", "method"]
+    as_indexed = [tuple(r) for r in store.read(T.COMMUNITY_REPORTS).select(*columns).orderBy("community").collect()]
+
+    def build(max_members: int):
+        monkeypatch.setattr(reports, "DRIVER_REPORT_MEMBERS", max_members)
+        counts, usages = reports.build_llm_reports(spark, store, cfg, new_run_id(), claims)
+        written = [tuple(r) for r in store.read(T.COMMUNITY_REPORTS).select(*columns).orderBy("community").collect()]
+        return counts, [(u.stage, u.items, u.cache_hits, u.calls, u.failures) for u in usages], written
+
+    on_driver, in_spark = build(reports.DRIVER_REPORT_MEMBERS), build(0)
+    assert on_driver == in_spark
+    counts, usages, written = on_driver
+    assert len(written) == sum(counts["reports per level"].values())
+    if answers == "cached":
+        assert sum(counts["contexts with substituted sub-reports"].values()) > 0
+        assert all(calls == 0 for _, _, _, calls, _ in usages)
+        assert written == as_indexed
+    else:
+        assert counts["reports failed (extractive stand-in, retried next run)"] > 0
+        assert {row[-1] for row in written} == {reports.FALLBACK_METHOD}
+        assert any("[Data: Reports (" in row[4] for row in written), "a stand-in names its sub-communities"
+
+
 def test_a_community_carried_down_unchanged_pays_no_report_of_its_own(spark, llm_index):
     from graphrag_spark.index.reports import reused_reports
 

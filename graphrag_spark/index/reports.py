@@ -20,6 +20,8 @@ LLM reports (``build_llm_reports``) are scheduled so the rate budget is not idle
   extractive stand-ins of failed calls with sub-communities (they name them; no call).
 - Every level is written in one commit: the levels with nothing waiting cost no Spark job of their
   own (only a waiting level's reports are materialised, as the next level's sub-reports).
+- A small graph (``DRIVER_REPORT_MEMBERS``) follows the same schedule on the driver: its elements are
+  collected once, so the stage runs its LLM stages and one write, not a dozen Spark jobs per level.
 """
 
 from __future__ import annotations
@@ -249,17 +251,123 @@ def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
     return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
 
 
+def final_report(row: dict, max_findings: int) -> dict:
+    """Pure: a community's report from its context row and its answer (``result``: the report JSON, or
+    None where the call failed: the extractive stand-in)."""
+    if row["result"] is None:
+        return {**extractive_report(row, max_findings), "method": FALLBACK_METHOD}
+    report = json.loads(row["result"])
+    return {"id": content_id("report", row["id"], LLM_METHOD), "community": row["community"], "level": row["level"],
+            **report, "full_content": render_full_content(report), "method": LLM_METHOD}
+
+
+# Up to this many community memberships (the sum of the communities' sizes over every level), the
+# report contexts are built on the driver: the elements are collected once and the stage runs a few
+# Spark jobs (its LLM stages and one write) instead of a dozen per level. The work is linear in it.
+DRIVER_REPORT_MEMBERS = 20_000
+
+
 def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) -> tuple[dict, list]:
     """The paper's LLM reports for every community (scheduled as the module docstring says), written to
     ``community_reports`` in one commit; a failed one falls back to extractive. Returns the run
     summary's counts and the stages' usage."""
     all_communities = store.read(T.COMMUNITIES)
-    entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     shape = all_communities.select("community", "level", "size", "children").toPandas()
     if shape.empty:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
         return {"reports per level": {}}, []
     origins = report_origins(reused_reports(shape))
+    on_driver = int(shape["size"].sum()) <= DRIVER_REPORT_MEMBERS
+    build = _reports_on_driver if on_driver else _reports_in_spark
+    substituted, trimmed, usages = build(spark, store, cfg, run_id, claims, all_communities, shape, origins)
+    counts = {"reports per level": {int(level): int(n) for level, n in shape.groupby("level").size().sort_index().items()},
+              "reports reused (same members as a sub-community)": len(origins),
+              "contexts with substituted sub-reports": dict(sorted(substituted.items())),
+              "report contexts trimmed to reports.max_input_tokens": trimmed,
+              "reports failed (extractive stand-in, retried next run)": sum(u.failures for u in usages)}
+    return counts, usages
+
+
+def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None, all_communities: DataFrame,
+                       shape: pd.DataFrame, origins: dict[int, int]):
+    """``build_llm_reports`` for a small graph: the same schedule over rows collected to the driver. Writes
+    the reports; returns the substituted contexts per level, the trimmed contexts and the stages' usage."""
+    max_input, max_findings = cfg.reports.max_input_tokens, cfg.reports.max_findings
+    entity_columns = ("id", "human_readable_id", "title", "type", "description", "degree")
+    relationship_columns = ("id", "human_readable_id", "source", "target", "description", "weight", "combined_degree")
+    entity_of = {r["id"]: r for r in _records(store.read(T.ENTITIES).select(*entity_columns))}
+    relationship_of = {r["id"]: r for r in _records(store.read(T.RELATIONSHIPS).select(*relationship_columns))}
+    claims_of: dict[str, list[dict]] = {}
+    if claims is not None:
+        for claim in _records(claims.select("id", "human_readable_id", "subject", "type", "status", "description")):
+            claims_of.setdefault(claim["subject"], []).append(claim)
+    # Per community, its context row as ``community_contexts`` builds it (no sub-reports yet).
+    rows: dict[int, dict] = {}
+    for community in _records(all_communities.select("id", "community", "level", "size", "children", "entity_ids",
+                                                     "relationship_ids")):
+        members = [entity_of[i] for i in community["entity_ids"] or () if i in entity_of]
+        rows[community["community"]] = {
+            **community, "children": community["children"] or [], "entities": members,
+            "relationships": [relationship_of[i] for i in community["relationship_ids"] or () if i in relationship_of],
+            "claims": [claim for entity in members for claim in claims_of.get(entity["title"], ())] if claims is not None else None,
+            "sub_reports": None}
+    originals = [c for c in rows if c not in origins]
+    first = {c: build_context(rows[c], max_input) for c in originals}
+    waits = {c for c in originals if first[c]["truncated"] and rows[c]["children"]}
+    trimmed = sum(first[c]["truncated"] for c in originals if c not in waits)
+    answers, usage = _driver_answers(spark, store, cfg, run_id, [first[c] for c in originals if c not in waits])
+    usages = [usage]
+    # A failed call with sub-communities: its stand-in names them, so it is written at its level's turn.
+    restated = {c for c in originals if c not in waits and answers[rows[c]["id"]] is None and rows[c]["children"]}
+    reports = {c: final_report({**rows[c], "result": answers[rows[c]["id"]]}, max_findings)
+               for c in originals if c not in waits | restated}
+
+    def report_of(community: int) -> dict:
+        """A finished report; a copy's is its origin's (finished before the copy's parent level starts)."""
+        if community not in reports:
+            origin = reports[origins[community]]
+            reports[community] = reused_report({"id": rows[community]["id"], "community": community,
+                                                "level": rows[community]["level"],
+                                                **{f"child_{name}": value for name, value in origin.items()}})
+        return reports[community]
+
+    substituted = {}
+    for level in sorted({rows[c]["level"] for c in waits | restated}, reverse=True):
+        level_rows = {c: {**rows[c], "sub_reports": [
+            {**{name: report_of(child)[name] for name in ("community", "title", "summary", "full_content", "method")},
+             "entity_ids": rows[child]["entity_ids"], "relationship_ids": rows[child]["relationship_ids"]}
+            for child in rows[c]["children"]]} for c in waits | restated if rows[c]["level"] == level}
+        built = {c: build_context(row, max_input) for c, row in level_rows.items() if c in waits}
+        if built:
+            late, usage = _driver_answers(spark, store, cfg, run_id, list(built.values()))
+            usages.append(usage)
+            answers.update(late)
+            substituted[level] = sum(bool(context["substituted"]) for context in built.values())
+            trimmed += sum(context["truncated"] for context in built.values())
+        for c, row in level_rows.items():
+            reports[c] = final_report({**row, "result": answers[row["id"]]}, max_findings)
+    for community in origins:
+        report_of(community)
+    _write_reports(store, spark.createDataFrame([tuple(report[name] for name in REPORT_COLUMNS) for report in reports.values()],
+                                                T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
+    return substituted, trimmed, usages
+
+
+def _records(df: DataFrame) -> list[dict]:
+    return [row.asDict(recursive=True) for row in df.collect()]
+
+
+def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict]) -> tuple[dict, object]:
+    """One LLM stage over contexts built on the driver: their answers by community id (None: failed)."""
+    built = spark.createDataFrame([(c["id"], c["context"]) for c in contexts], "id string, context string")
+    outcome, usage = _report_stage(spark, store, cfg, built, run_id)
+    return {row["id"]: row["result"] for row in outcome.collect()}, usage
+
+
+def _reports_in_spark(spark, store, cfg, run_id: str, claims: DataFrame | None, all_communities: DataFrame,
+                      shape: pd.DataFrame, origins: dict[int, int]):
+    """``build_llm_reports`` in Spark jobs, level by level (any graph size); writes and returns as ``_reports_on_driver``."""
+    entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
     copies = spark.createDataFrame(pd.DataFrame({"community": list(origins), "origin": list(origins.values())},
                                                 dtype="int64"), "community long, origin long")
     originals = all_communities.join(copies.select("community"), "community", "left_anti")
@@ -286,16 +394,9 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
     trimmed = int(status["trimmed"].sum())
     later = status[status["waits"] | status["restated"]]
 
-    def to_report(row: dict) -> dict:
-        if row["result"] is None:
-            return {**extractive_report(row, max_findings), "method": FALLBACK_METHOD}
-        report = json.loads(row["result"])
-        return {"id": content_id("report", row["id"], LLM_METHOD), "community": row["community"], "level": row["level"],
-                **report, "full_content": render_full_content(report), "method": LLM_METHOD}
-
     def reports_of(answered: DataFrame) -> DataFrame:
         return generate_level_reports(answered.select("id", "community", "level", "entities", "relationships",
-                                                      "sub_reports", "result"), to_report)
+                                                      "sub_reports", "result"), lambda row: final_report(row, max_findings))
 
     final = elements.join(answers, "id")
     if not later.empty:
@@ -331,15 +432,13 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
             trimmed += level_counts["trimmed"]
             level_answers = level_answers.unionByName(late)
         written.append(store.checkpoint(reports_of(contexts.join(level_answers, "id")), f"reports_{level}"))
-    reports = reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True)))
-    written_rows = store.write(reports, T.COMMUNITY_REPORTS)
-    if written_rows != len(shape):  # one report per community: what the per-level counts below assume
-        raise RuntimeError(f"internal error: {written_rows} community reports written for {len(shape)} communities")
+    _write_reports(store, reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True))), len(shape))
     for frame in (elements, written[0]):
         frame.unpersist()
-    counts = {"reports per level": {int(level): int(n) for level, n in shape.groupby("level").size().sort_index().items()},
-              "reports reused (same members as a sub-community)": len(origins),
-              "contexts with substituted sub-reports": dict(sorted(substituted.items())),
-              "report contexts trimmed to reports.max_input_tokens": trimmed,
-              "reports failed (extractive stand-in, retried next run)": sum(u.failures for u in usages)}
-    return counts, usages
+    return substituted, trimmed, usages
+
+
+def _write_reports(store, reports: DataFrame, n_communities: int) -> None:
+    written_rows = store.write(reports, T.COMMUNITY_REPORTS)
+    if written_rows != n_communities:  # one report per community: what the run summary's per-level counts assume
+        raise RuntimeError(f"internal error: {written_rows} community reports written for {n_communities} communities")
