@@ -52,3 +52,18 @@ def test_no_cached_plan_outlives_its_dropped_scratch_table(spark, tmp_path):
               "WHEN MATCHED THEN UPDATE SET *")
     spark.catalog.dropTempView("merge_source")
     assert [tuple(r) for r in store.read("published").collect()] == [("r1", "new")]
+
+
+def test_update_columns_sets_only_the_named_rows_and_columns(spark, tmp_path):
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    rows = [("a", 1, "A", "PERSON", [], "old a", ["u1"], 1, 2), ("b", 2, "B", "PLACE", [], "old b", [], 1, 1),
+            ("c", 3, "C", "PERSON", [], "old c", [], 2, 1)]
+    store.write(spark.createDataFrame(rows, T.SCHEMAS[T.ENTITIES]), T.ENTITIES)
+    updates = spark.createDataFrame([("a", "new a"), ("c", None), ("z", "not in the table")], "id string, description string")
+
+    store.update_columns(updates, T.ENTITIES, ["description"])
+
+    after = {r.id: r for r in store.read(T.ENTITIES).collect()}
+    assert sorted(after) == ["a", "b", "c"], "a key the table lacks adds no row"
+    assert [after[i].description for i in "abc"] == ["new a", "old b", None]
+    assert after["a"].text_unit_ids == ["u1"] and after["a"].degree == 2, "other columns are untouched"
