@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.errors import StageFailed
+from graphrag_spark.index import embed
 from graphrag_spark.index.embed import embed_cached
 from graphrag_spark.llm.server import start_server
 
@@ -30,3 +34,123 @@ def test_cached_vectors_are_not_requested_again_and_failures_are_not_cached(spar
         assert requested == 0 and again == first and server.stats()["served"]["embeddings"] == 2
         shorter, requested = run(server.base_url, "llm.embedding.dimensions=64")
         assert requested == 2 and {len(v) for v in shorter.values()} == {64}, "another size is another key"
+
+
+# The driver path (a stage of at most DRIVER_EMBED_ROWS rows) against the executor path.
+
+UNITS = [("u1", "Scrooge counts coal."), ("u2", "Marley's ghost"), ("u3", "Scrooge counts coal."), ("u4", None),
+         ("u5", "Café — naïve ☃ " * 40)]
+ENTITIES = [("e1", "SCROOGE", "A miser."), ("e2", "MARLEY", ""), ("e3", "FEZZIWIG", None)]
+
+
+def _store_with_inputs(spark, cfg, units=UNITS):
+    store = T.TableStore(spark, cfg.storage)
+    store.write(spark.createDataFrame([(i, "d", n, text, 1) for n, (i, text) in enumerate(units)],
+                                      T.SCHEMAS[T.TEXT_UNITS]), T.TEXT_UNITS, counted=False)
+    store.write(spark.createDataFrame([(i, n, title, "PERSON", [], description, [], 1, 1)
+                                       for n, (i, title, description) in enumerate(ENTITIES)],
+                                      T.SCHEMAS[T.ENTITIES]), T.ENTITIES, counted=False)
+    return store
+
+
+def _tables(store, names=embed.EMBEDDED):
+    return {name: {r.id: (r.vector, r.model_name) for r in store.read(name).collect()} for name in names}
+
+
+def _spy(function, calls):
+    def spied(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    return spied
+
+
+def test_python_and_spark_text_hashes_agree(spark):
+    texts = [None, "", "Scrooge", "Café — naïve ☃", "x" * 5000, "tab\tnew\nline"]
+    frame = spark.createDataFrame([(t,) for t in texts], "text string")
+    in_spark = [r.h for r in frame.select(embed.text_hash(F.col("text")).alias("h")).collect()]
+    assert in_spark == [embed.python_text_hash(t) for t in texts] and embed.python_text_hash(None) == embed.python_text_hash("")
+
+
+def test_driver_path_writes_what_the_executor_path_writes_also_on_refresh(spark, make_config, tmp_path, monkeypatch):
+    changed = [("u1", "Scrooge counts coal."), ("u2", "Marley's ghost walks"), ("u6", "Tiny Tim")]
+    with start_server(seed=4) as server:
+        results = {}
+        for path, threshold in (("executors", 0), ("driver", embed.DRIVER_EMBED_ROWS)):
+            monkeypatch.setattr(embed, "DRIVER_EMBED_ROWS", threshold)
+            driver_calls = []
+            monkeypatch.setattr(embed, "_build_on_driver", _spy(embed._build_on_driver, driver_calls))
+            run = []
+            for step, units in (("full", UNITS), ("refresh", changed)):
+                cfg = make_config("embeddings.provider=openai", f"llm.embedding.api_base={server.base_url}",
+                                  f"storage.root={tmp_path / path / step}")
+                store = _store_with_inputs(spark, cfg, units)
+                previous = T.TableStore(spark, make_config(f"storage.root={tmp_path / path / 'full'}").storage)
+                counts = embed.build_embeddings(spark, store, cfg, previous if step == "refresh" else None)
+                run.append((counts, _tables(store)))
+            assert len(driver_calls) == (4 if path == "driver" else 0), "each stage took the path the threshold says"
+            results[path] = run
+    assert results["driver"] == results["executors"]
+    (full, tables), (refresh, _) = results["driver"]
+    assert full["text_unit_embeddings texts embedded"] == 4 and full["entity_embeddings rows"] == 3
+    assert {len(v) for v, _ in tables[T.TEXT_UNIT_EMBEDDINGS].values()} == {384}
+    # The refresh (own root, own empty cache): u1 keeps its vector, the changed u2 and the new u6 are embedded.
+    assert refresh["text_unit_embeddings texts embedded"] == 2 and refresh["entity_embeddings texts embedded"] == 0
+
+
+def test_offline_driver_path_matches_the_executors(spark, make_config, tmp_path, monkeypatch):
+    vectors = {}
+    for path, threshold in (("executors", 0), ("driver", embed.DRIVER_EMBED_ROWS)):
+        monkeypatch.setattr(embed, "DRIVER_EMBED_ROWS", threshold)
+        cfg = make_config(f"storage.root={tmp_path / path}")
+        store = _store_with_inputs(spark, cfg)
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 5,
+                          "text_unit_embeddings failed": 0}
+        vectors[path] = _tables(store, (T.TEXT_UNIT_EMBEDDINGS,))[T.TEXT_UNIT_EMBEDDINGS]
+    assert vectors["driver"].keys() == vectors["executors"].keys()
+    for key, (vector, model) in vectors["driver"].items():
+        assert model == "sentence-transformers/all-MiniLM-L6-v2"
+        np.testing.assert_allclose(vector, vectors["executors"][key][0], atol=1e-5)
+
+
+def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_failures(spark, make_config, monkeypatch):
+    with start_server(seed=4) as server, start_server(error_rate=1.0) as failing:
+        def config(base_url, *extra):
+            return make_config("embeddings.provider=openai", "embeddings.batch_size=1", "llm.embedding.max_retries=0",
+                               f"llm.embedding.api_base={base_url}", *extra)
+
+        store = _store_with_inputs(spark, config(failing.base_url))
+        counts = embed.build_embeddings(spark, store, config(failing.base_url, "llm.max_failed_share=1"),
+                                        names=(T.TEXT_UNIT_EMBEDDINGS,))
+        assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 4,
+                          "text_unit_embeddings failed": 5}, "a failed text fails each row that holds it"
+        cfg = config(failing.base_url)
+        with pytest.raises(StageFailed, match="5 of 5 rows of text_unit_embeddings"):
+            embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        assert store.read(T.TEXT_UNIT_EMBEDDINGS).where("vector is null").count() == 5, "failed rows written as null"
+        assert not store.exists(T.EMBEDDING_CACHE) or store.read(T.EMBEDDING_CACHE).count() == 0, "failures not cached"
+
+        # The table's write fails after the calls: the cache already holds what was paid for.
+        cfg = config(server.base_url)
+        write = T.TableStore.write
+
+        def crash_on_the_table(self, df, name, *args, **kwargs):
+            if name == T.TEXT_UNIT_EMBEDDINGS:
+                raise RuntimeError("driver lost")
+            return write(self, df, name, *args, **kwargs)
+
+        monkeypatch.setattr(T.TableStore, "write", crash_on_the_table)
+        with pytest.raises(RuntimeError, match="driver lost"):
+            embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        monkeypatch.setattr(T.TableStore, "write", write)
+        assert server.stats()["served"]["embeddings"] == 4, "distinct texts only, the null one as the empty text"
+
+        counts = embed.build_embeddings(spark, store, cfg)
+        assert server.stats()["served"]["embeddings"] == 4 + 3, "the text units' vectors come from the cache"
+        assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 0,
+                          "text_unit_embeddings failed": 0, "entity_embeddings rows": 3,
+                          "entity_embeddings texts embedded": 3, "entity_embeddings failed": 0}
+        tables = _tables(store)
+        assert tables[T.TEXT_UNIT_EMBEDDINGS]["u1"] == tables[T.TEXT_UNIT_EMBEDDINGS]["u3"]
+        assert store.read(T.EMBEDDING_CACHE).count() == 7

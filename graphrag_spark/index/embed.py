@@ -1,20 +1,26 @@
 """Stage 7, embeddings: text units and entity descriptions as vectors in Delta, for basic (SS) and local search.
 
-Computed in executors (``mapInPandas``). The offline MiniLM loads its weights once per Python
-worker; the ``openai`` provider calls the embeddings endpoint through the project client in
-batches of ``embeddings.batch_size``, each task throttled to its share of the job's budget,
-and at most ``llm.items_per_commit`` rows per task, so a retried task repeats few calls. An item
-whose call finally failed is written with a null vector and counted; more failures than
-``llm.max_failed_share`` fail the stage after the tables are written.
+A stage of at most ``DRIVER_EMBED_ROWS`` input rows runs on the driver: one collect, the model
+calls there, one write. A larger one is computed in executors (``mapInPandas``). The offline
+MiniLM loads its weights once per Python process; the ``openai`` provider calls the embeddings
+endpoint through the project client in batches of ``embeddings.batch_size``, each task throttled
+to its share of the job's budget, and at most ``llm.items_per_commit`` rows per task, so a retried
+task repeats few calls. An item whose call finally failed is written with a null vector and
+counted; more failures than ``llm.max_failed_share`` fail the stage after the tables are written.
 
 Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, text hash):
 a text already embedded by the same model is never requested again, in this index or a
-rerun of it; a failed one is not cached, so the next run asks again.
+rerun of it; a failed one is not cached, so the next run asks again. New vectors are appended
+to the cache before the stage's table is written: a crash in between does not pay for them twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import threading
+from datetime import datetime, timezone
 from typing import Iterator
 
 import pandas as pd
@@ -30,35 +36,63 @@ from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.secrets import ensure_api_key
 
+# Up to this many input rows a stage embeds on the driver (one collect, one write: ~10 Spark jobs, most of
+# them Delta's; the executor path costs ~30, 11-19 s on 2 cores for 40 texts as for 300). At 1,000 texts
+# that is about what executors would save: a few endpoint batches, or ~45 core-seconds of MiniLM.
+DRIVER_EMBED_ROWS = 1_000
+
 
 def embedding_model_name(cfg: Config) -> str:
     return OfflineMiniLM.model_name if cfg.embeddings.provider == "offline" else cfg.llm.embedding.model
 
 
+def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
+    if cfg.embeddings.provider == "openai":
+        return OpenAIEmbedder(cfg.llm.embedding, cfg.embeddings.batch_size, share)
+    return OfflineMiniLM()
+
+
+def _vectors(embedder: OpenAIEmbedder | OfflineMiniLM, texts: list[str]) -> list[list[float] | None]:
+    """One vector per text (a null text is the empty one), as lists; None where an endpoint batch finally failed."""
+    texts = [text if isinstance(text, str) else "" for text in texts]
+    if isinstance(embedder, OpenAIEmbedder):
+        vectors = embedder.embed_batches(texts)[0]
+    else:
+        vectors = list(embedder.embed(texts))  # one call: sorted by length over the whole batch
+    return [None if v is None else v.tolist() for v in vectors]
+
+
 def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
     """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors."""
-    provider, batch_size = cfg.embeddings.provider, cfg.embeddings.batch_size
-    llm_embedding, model_name = cfg.llm.embedding, embedding_model_name(cfg)
-    share = 1.0 / partitions
-    if provider == "openai":
-        ensure_api_key(llm_embedding)
+    model_name, share = embedding_model_name(cfg), 1.0 / partitions
+    if cfg.embeddings.provider == "openai":
+        ensure_api_key(cfg.llm.embedding)
 
     def run(parts: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        embedder = OpenAIEmbedder(llm_embedding, batch_size, share) if provider == "openai" else OfflineMiniLM()
+        embedder = _embedder(cfg, share)
         # The offline model's BLAS threads stay within the task's cores: an executor runs one task per
         # core, and more threads per task only contend (half the speed on 2 cores).
         with threadpool_limits(TaskContext.get().cpus()):
             for part in parts:
-                texts = part["text"].fillna("").tolist()
-                if isinstance(embedder, OpenAIEmbedder):
-                    vectors = embedder.embed_batches(texts)[0]  # a failed batch gives None rows
-                else:
-                    vectors = list(embedder.embed(texts))  # one call: sorted by length over the whole batch
                 yield pd.DataFrame({"id": part["id"].to_numpy(dtype=object),
-                                    "vector": [None if v is None else v.tolist() for v in vectors],
+                                    "vector": _vectors(embedder, part["text"].tolist()),
                                     "model_name": model_name}, dtype=object)
 
     return frame.repartition(partitions).mapInPandas(run, T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS])
+
+
+# threadpool_limits sets the process's BLAS threads: two stages embedding on the driver at once would
+# restore each other's setting, and would only contend for the same cores anyway.
+_DRIVER_BLAS = threading.Lock()
+
+
+def _embed_on_driver(texts: list[str], cfg: Config) -> list[list[float] | None]:
+    if cfg.embeddings.provider == "openai":
+        ensure_api_key(cfg.llm.embedding)
+        return _vectors(_embedder(cfg, 1.0), texts)  # the driver is the only caller: the whole budget
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with _DRIVER_BLAS, threadpool_limits(cores):
+        return _vectors(_embedder(cfg, 1.0), texts)
 
 
 def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
@@ -70,6 +104,15 @@ def text_hash(text) -> F.Column:
     return F.substring(F.sha2(F.coalesce(text, F.lit("")), 256), 1, 32)
 
 
+def python_text_hash(text: str | None) -> str:
+    """``text_hash`` in Python, for the driver path: the same key for the same text."""
+    return hashlib.sha256((text or "").encode("utf-8")).hexdigest()[:32]
+
+
+def _cache_key(cfg: Config) -> tuple[str, int]:
+    return cfg.llm.embedding.model, cfg.llm.embedding.dimensions or 0
+
+
 def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int) -> tuple[DataFrame, int]:
     """``(id, text)`` rows -> ``(id, vector, model_name)`` rows and the number of texts sent to the model.
 
@@ -79,7 +122,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     """
     if cfg.embeddings.provider != "openai":
         return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows
-    model, dimensions = cfg.llm.embedding.model, cfg.llm.embedding.dimensions or 0
+    model, dimensions = _cache_key(cfg)
 
     def cached() -> DataFrame:
         return (store.read_or_empty(T.EMBEDDING_CACHE)
@@ -97,6 +140,46 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                     T.EMBEDDING_CACHE, mode="append", counted=False)
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
+
+
+def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[str, list[float]]:
+    """The cache's vectors of these text hashes (this model and dimensions): only those rows reach the driver."""
+    if not hashes or not store.exists(T.EMBEDDING_CACHE):
+        return {}
+    model, dimensions = _cache_key(cfg)
+    wanted = (F.col("model") == model) & (F.col("dimensions") == dimensions) & F.col("text_hash").isin(sorted(hashes))
+    rows = store.read(T.EMBEDDING_CACHE).where(wanted).select("text_hash", "vector").collect()
+    return {r.text_hash: r.vector for r in rows}
+
+
+def _missing(hashes: list[str], texts: list[str | None], cached: dict[str, list[float]]) -> dict[str, str | None]:
+    """The distinct texts (by hash, first one kept) the cache has no vector of."""
+    missing: dict[str, str | None] = {}
+    for key, text in zip(hashes, texts):
+        if key not in cached:
+            missing.setdefault(key, text)
+    return missing
+
+
+def embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
+                           cfg: Config) -> tuple[list[list[float] | None], int]:
+    """``embed_cached`` for texts held by the driver: one vector per text (None: failed) and the number of
+    texts sent to the model. New endpoint vectors are appended to ``embedding_cache`` in one commit."""
+    if cfg.embeddings.provider != "openai":
+        return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
+    hashes = [python_text_hash(text) for text in texts]
+    vectors = _cached_vectors(store, cfg, set(hashes))
+    missing = _missing(hashes, texts, vectors)
+    if missing:
+        fresh = dict(zip(missing, _embed_on_driver(list(missing.values()), cfg)))
+        model, dimensions = _cache_key(cfg)
+        now = datetime.now(timezone.utc)
+        paid = [(model, dimensions, key, vector, now) for key, vector in fresh.items() if vector is not None]
+        if paid:  # before the stage's table: a crash after this commit does not pay for them again
+            store.write(store.spark.createDataFrame(paid, T.SCHEMAS[T.EMBEDDING_CACHE]), T.EMBEDDING_CACHE,
+                        mode="append", counted=False)
+        vectors = {**vectors, **fresh}
+    return [vectors.get(key) for key in hashes], len(missing)
 
 
 EMBEDDED = (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
@@ -120,6 +203,37 @@ def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name:
             .join(unchanged, "id", "left_semi"))
 
 
+def _build_in_executors(spark: SparkSession, store: T.TableStore, cfg: Config, name: str, frame: DataFrame,
+                        previous: T.TableStore | None) -> tuple[int, int, int]:
+    rows = frame.count()
+    kept = _reusable(name, frame, previous, embedding_model_name(cfg)) if previous is not None else None
+    if kept is not None:  # read as of the last run's version: still readable after the overwrite
+        todo = frame.join(kept.select("id"), "id", "left_anti")
+        n_todo = todo.count()
+        vectors, requested = embed_cached(spark, store, todo, cfg, n_todo) if n_todo else (None, 0)
+        store.write(kept if vectors is None else kept.unionByName(vectors), name, counted=False)
+    else:
+        vectors, requested = embed_cached(spark, store, frame, cfg, rows)
+        store.write(vectors, name, counted=False)
+    return rows, requested, store.read(name).where(F.col("vector").isNull()).count()
+
+
+def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name: str, collected: list,
+                     previous: T.TableStore | None) -> tuple[int, int, int]:
+    """The executor path's table from the ``(id, text)`` rows in the driver, written once."""
+    model_name = embedding_model_name(cfg)
+    kept: list = []
+    if previous is not None:  # at most one row per current row: small too
+        reusable = _reusable(name, spark.createDataFrame(collected, "id string, text string"), previous, model_name)
+        kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
+    kept_ids = {key for key, _ in kept}
+    todo = [r for r in collected if r.id not in kept_ids]
+    vectors, requested = embed_cached_on_driver(store, [r.text for r in todo], cfg)
+    out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
+    store.write(spark.createDataFrame(out, T.SCHEMAS[name]), name, counted=False)
+    return len(collected), requested, sum(v is None for v in vectors)
+
+
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
                      previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED) -> dict[str, int]:
     """Write the embeddings tables ``names`` (both by default); returns counts for the run summary.
@@ -130,17 +244,12 @@ def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
     failures = []
     for name in names:
         frame = embedding_input(store, name)
-        rows = frame.count()
-        kept = _reusable(name, frame, previous, embedding_model_name(cfg)) if previous is not None else None
-        if kept is not None:  # read as of the last run's version: still readable after the overwrite
-            todo = frame.join(kept.select("id"), "id", "left_anti")
-            n_todo = todo.count()
-            vectors, requested = embed_cached(spark, store, todo, cfg, n_todo) if n_todo else (None, 0)
-            store.write(kept if vectors is None else kept.unionByName(vectors), name, counted=False)
+        # One more row than the driver takes: a large table costs a short read, then the executor path.
+        collected = frame.limit(DRIVER_EMBED_ROWS + 1).collect()
+        if len(collected) <= DRIVER_EMBED_ROWS:
+            rows, requested, failed = _build_on_driver(spark, store, cfg, name, collected, previous)
         else:
-            vectors, requested = embed_cached(spark, store, frame, cfg, rows)
-            store.write(vectors, name, counted=False)
-        failed = store.read(name).where(F.col("vector").isNull()).count()
+            rows, requested, failed = _build_in_executors(spark, store, cfg, name, frame, previous)
         counts[f"{name} rows"] = rows
         counts[f"{name} texts embedded"] = requested
         counts[f"{name} failed"] = failed
