@@ -424,7 +424,7 @@ STAGES: tuple[Stage, ...] = (
           "aggregate all instances in SQL, MERGE by id; an element whose text units did not change keeps its "
           "description; numbers kept, new elements numbered after the largest", graph_stage),
     Stage("summarize_descriptions", (T.ENTITIES, T.RELATIONSHIPS), (T.ENTITIES, T.RELATIONSHIPS),
-          "summarize only elements whose instance set changed (a MERGE of their descriptions)", summarize_stage,
+          "summarize only elements whose instance set changed (the table rewritten once with their descriptions)", summarize_stage,
           _llm_summaries),
     # After the graph only: the communities read no description, the one thing summaries change.
     Stage("communities", (T.ENTITIES, T.RELATIONSHIPS), (T.COMMUNITIES,),

@@ -60,7 +60,7 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
                     only: dict[str, DataFrame] | None = None,
                     described: dict[str, DataFrame] | None = None) -> list[StageUsage]:
     """Replace multi-description entities' and relationships' descriptions with their LLM summaries
-    (a MERGE of the summarized rows). ``only``: per table, the ids to consider (a refresh passes the
+    (the table rewritten once with them). ``only``: per table, the ids to consider (a refresh passes the
     elements whose instances changed; the others keep their description and cost nothing).
     ``described``: per table, the elements' ``descriptions`` lists with their keys, as the graph stage
     built them (the pipeline passes them); without it they are built again from the instances."""
