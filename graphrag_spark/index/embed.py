@@ -152,16 +152,7 @@ def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[
     return {r.text_hash: r.vector for r in rows}
 
 
-def _missing(hashes: list[str], texts: list[str | None], cached: dict[str, list[float]]) -> dict[str, str | None]:
-    """The distinct texts (by hash, first one kept) the cache has no vector of."""
-    missing: dict[str, str | None] = {}
-    for key, text in zip(hashes, texts):
-        if key not in cached:
-            missing.setdefault(key, text)
-    return missing
-
-
-def embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
+def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
                            cfg: Config) -> tuple[list[list[float] | None], int]:
     """``embed_cached`` for texts held by the driver: one vector per text (None: failed) and the number of
     texts sent to the model. New endpoint vectors are appended to ``embedding_cache`` in one commit."""
@@ -169,7 +160,10 @@ def embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
         return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
     hashes = [python_text_hash(text) for text in texts]
     vectors = _cached_vectors(store, cfg, set(hashes))
-    missing = _missing(hashes, texts, vectors)
+    missing: dict[str, str | None] = {}  # the distinct texts the cache has no vector of, by hash
+    for key, text in zip(hashes, texts):
+        if key not in vectors:
+            missing.setdefault(key, text)
     if missing:
         fresh = dict(zip(missing, _embed_on_driver(list(missing.values()), cfg)))
         model, dimensions = _cache_key(cfg)
@@ -228,7 +222,7 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
         kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
     kept_ids = {key for key, _ in kept}
     todo = [r for r in collected if r.id not in kept_ids]
-    vectors, requested = embed_cached_on_driver(store, [r.text for r in todo], cfg)
+    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg)
     out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
     store.write(spark.createDataFrame(out, T.SCHEMAS[name]), name, counted=False)
     return len(collected), requested, sum(v is None for v in vectors)

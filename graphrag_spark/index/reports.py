@@ -319,8 +319,9 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
     usages = [usage]
     # A failed call with sub-communities: its stand-in names them, so it is written at its level's turn.
     restated = {c for c in originals if c not in waits and answers[rows[c]["id"]] is None and rows[c]["children"]}
+    later = waits | restated  # written level by level, deepest first, once their sub-reports are finished
     reports = {c: final_report({**rows[c], "result": answers[rows[c]["id"]]}, max_findings)
-               for c in originals if c not in waits | restated}
+               for c in originals if c not in later}
 
     def report_of(community: int) -> dict:
         """A finished report; a copy's is its origin's (finished before the copy's parent level starts)."""
@@ -332,11 +333,11 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
         return reports[community]
 
     substituted = {}
-    for level in sorted({rows[c]["level"] for c in waits | restated}, reverse=True):
+    for level in sorted({rows[c]["level"] for c in later}, reverse=True):
         level_rows = {c: {**rows[c], "sub_reports": [
             {**{name: report_of(child)[name] for name in ("community", "title", "summary", "full_content", "method")},
              "entity_ids": rows[child]["entity_ids"], "relationship_ids": rows[child]["relationship_ids"]}
-            for child in rows[c]["children"]]} for c in waits | restated if rows[c]["level"] == level}
+            for child in rows[c]["children"]]} for c in later if rows[c]["level"] == level}
         built = {c: build_context(row, max_input) for c, row in level_rows.items() if c in waits}
         if built:
             late, usage = _driver_answers(spark, store, cfg, run_id, list(built.values()))
@@ -348,8 +349,8 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
             reports[c] = final_report({**row, "result": answers[row["id"]]}, max_findings)
     for community in origins:
         report_of(community)
-    _write_reports(store, spark.createDataFrame([tuple(report[name] for name in REPORT_COLUMNS) for report in reports.values()],
-                                                T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
+    rows_out = [tuple(report[name] for name in REPORT_COLUMNS) for report in reports.values()]
+    _write_reports(store, spark.createDataFrame(rows_out, T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
     return substituted, trimmed, usages
 
 
