@@ -206,3 +206,40 @@ def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, m
     stage._commits_since_count[location] = 16
     stage._compact(spark, store, 64)
     assert len(counted) == 1 and stage._commits_since_count[location] == 0
+
+
+def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, monkeypatch, tmp_path):
+    """Small stages find their cache hits and build their outcome on the driver (``DRIVER_STAGE_ITEMS``);
+    large ones in Spark joins. Both give the same outcome and counts for new, cached, duplicated and
+    failing items, an item that failed before and succeeds now included."""
+    from graphrag_spark.llm import stage
+
+    def answer_fn(failing: str):
+        async def answer(client, item: dict) -> LlmWork:  # no HTTP: the bookkeeping is what is tested
+            if failing in item["payload"]:
+                return LlmWork(None, [], f"no answer for {item['payload']}")
+            return LlmWork({"upper": item["payload"].upper()}, [], None)
+        return answer
+
+    def run(cfg, payloads, failing: str, driver_items: int):
+        monkeypatch.setattr(stage, "DRIVER_STAGE_ITEMS", driver_items)
+        items = spark.createDataFrame([(f"i{i}", p) for i, p in enumerate(payloads)], "item_id string, payload string")
+        outcome, usage = run_llm_stage(spark, T.TableStore(spark, cfg.storage), cfg.llm, cfg.llm.chat, "upper", items,
+                                       answer_fn(failing), new_run_id(), "v1", {})
+        rows = sorted((r.item_id, r.item_key, r.result, r.error) for r in outcome.collect())
+        return rows, (usage.items, usage.cache_hits, usage.failures)
+
+    monkeypatch.setattr(stage, "ensure_api_key", lambda model: None)
+    first = ["ash", "birch", "cedar", "ash"]  # a duplicate: one key, both item ids answered
+    seen = {}
+    for driver_items, root in ((0, "spark"), (1000, "driver")):
+        cfg = make_config("llm.chat.api_base=http://127.0.0.1:9", "llm.chat.model=local-model",
+                          "llm.max_failed_share=1.0", f"storage.root={tmp_path / root}")
+        # Run 2: ash cached, birch failed before and succeeds now, cedar cached, dogwood new and failing.
+        seen[root] = [run(cfg, first, "birch", driver_items), run(cfg, first + ["dogwood"], "dogwood", driver_items)]
+    assert seen["driver"] == seen["spark"]
+    (rows, counts), (rows2, counts2) = seen["driver"]
+    assert counts == (3, 0, 1) and counts2 == (4, 2, 1)
+    assert [r[2] is None for r in rows] == [False, True, False, False]  # i1 (birch) failed
+    assert {r[0]: (r[2], r[3]) for r in rows2}["i1"] == ('{"upper": "BIRCH"}', None)
+    assert {r[0]: (r[2], r[3]) for r in rows2}["i4"] == (None, "no answer for dogwood")

@@ -60,6 +60,9 @@ RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
 # A task's items are in its Python worker's memory; more items make more tasks, not bigger ones.
 _ITEMS_PER_TASK = 2000
 _UNBOUNDED = 1_000_000  # the task's window bounds its calls, not the client's semaphore
+# Up to this many items a stage's bookkeeping runs on the driver: which items are cached, and the outcome
+# (the calls still run in executors). Above it, Spark joins do it: a dozen small jobs saved per stage.
+DRIVER_STAGE_ITEMS = 2000
 
 
 @dataclass
@@ -176,6 +179,25 @@ def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
                 _commits_since_count[location] += 1
 
 
+def _answers(store: T.TableStore, stage: str, keys: set[str]) -> dict[str, tuple[str | None, str | None]]:
+    """Per item key with a row in ``llm_results``: (result, None) where any attempt succeeded, else
+    (None, the latest error)."""
+    if not keys:
+        return {}
+    rows = (store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("item_key").isin(list(keys)))
+            .select("item_key", "result", "error", "created_at").collect())
+    # Errors first, oldest first, then successes: the last row set per key is the answer.
+    ordered = sorted(rows, key=lambda row: (row["error"] is None, row["created_at"] or datetime.min))
+    return {row["item_key"]: (row["result"], row["error"]) for row in ordered}
+
+
+def _kept(rows: list[dict], returned: list[dict] | None) -> list[dict]:
+    """``rows``, also added to ``returned`` where given (the rows a driver-side outcome is built from)."""
+    if returned is not None:
+        returned.extend(rows)
+    return rows
+
+
 def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
     """Commit what an earlier, crashed run of this stage journaled but did not commit; returns the rows recovered."""
     rows = read_journal(journal)
@@ -195,7 +217,8 @@ def _driver_host(spark: SparkSession) -> str:
 
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
-                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path) -> UsageFigures:
+                     pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
+                     returned: list[dict] | None) -> UsageFigures:
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
     coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
@@ -221,8 +244,8 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     job = threading.Thread(target=run_job, name=group, daemon=True)
     job.start()
     try:
-        wait_for(job, llm.commit_interval_s, lambda: _commit(spark, store, coordinator.take_buffer()))
-        _commit(spark, store, coordinator.take_buffer())
+        wait_for(job, llm.commit_interval_s, lambda: _commit(spark, store, _kept(coordinator.take_buffer(), returned)))
+        _commit(spark, store, _kept(coordinator.take_buffer(), returned))
     finally:
         if job.is_alive():  # the driver is going down: stop the calls (the journal keeps what returned)
             spark.sparkContext.cancelJobGroup(group)
@@ -234,7 +257,8 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
 
 
 def _run_in_waves(spark: SparkSession, store: T.TableStore, model: LlmModelConfig, pending: DataFrame,
-                  n_pending: int, n_tasks: int, items_per_commit: int, safe_fn, row_of, meter) -> UsageFigures:
+                  n_pending: int, n_tasks: int, items_per_commit: int, safe_fn, row_of, meter,
+                  returned: list[dict] | None) -> UsageFigures:
     """Spark Connect: the executors cannot reach the client, so there is no coordinator. Each task
     throttles to its share of the budget, and the items run in waves of ``llm.items_per_commit``
     (split by a hash of the item key): a wave's rows come back to the client and are committed before
@@ -255,7 +279,7 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, model: LlmModelConfi
     for wave in range(n_waves):
         items = pending.where(wave_of == wave) if n_waves > 1 else pending
         rows = [json.loads(r) for r in items.repartition(wave_tasks).mapInPandas(call_partition, "row string").toPandas()["row"]]
-        _commit(spark, store, rows)
+        _commit(spark, store, _kept(rows, returned))
         wave_usage = [{**row, "result": None} for row in rows]
         meter.returned(usage_of(wave_usage), len(rows))
         usage_rows += wave_usage
@@ -286,15 +310,31 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     journal = journal_dir(None if in_catalog else store.storage.root, store.storage.staging,
                           store.namespace() if in_catalog else None) / f"{stage}.jsonl"
     _recover(spark, store, journal)
-    done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
-    # One job counts the stage's items and its cache hits; the pending items are then read from
-    # memory by the stage's job instead of being derived again (items, llm_results scan, anti-join).
-    status = (keyed.dropDuplicates(["item_key"])
-              .join(done.dropDuplicates(["item_key"]).withColumn("_cached", F.lit(True)), "item_key", "left")
-              .persist())
-    counts = status.agg(F.count("*").alias("items"), F.count("_cached").alias("cached")).collect()[0]
-    n_items, n_pending = counts["items"], counts["items"] - counts["cached"]
-    pending = status.where(F.col("_cached").isNull()).drop("_cached")
+    # One task reads until it has one item more than the bound: one job, however many partitions.
+    few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
+    on_driver = len(few) <= DRIVER_STAGE_ITEMS
+    if on_driver:
+        # The cache lookup and the outcome in Python: one read of the stage's rows of these keys, no
+        # shuffles, and this run's rows kept as they are committed rather than read back.
+        keyed.unpersist()
+        answers = _answers(store, stage, {row["item_key"] for row in few})
+        unique = {row["item_key"]: row for row in few}
+        cached = {key for key, (_, error) in answers.items() if error is None}
+        pending_rows = [row for key, row in unique.items() if key not in cached]
+        n_items, n_pending = len(unique), len(pending_rows)
+        pending = spark.createDataFrame(pending_rows, keyed.schema)
+        returned: list[dict] | None = []
+    else:
+        done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
+        # One job counts the stage's items and its cache hits; the pending items are then read from
+        # memory by the stage's job instead of being derived again (items, llm_results scan, anti-join).
+        status = (keyed.dropDuplicates(["item_key"])
+                  .join(done.dropDuplicates(["item_key"]).withColumn("_cached", F.lit(True)), "item_key", "left")
+                  .persist())
+        counts = status.agg(F.count("*").alias("items"), F.count("_cached").alias("cached")).collect()[0]
+        n_items, n_pending = counts["items"], counts["items"] - counts["cached"]
+        pending = status.where(F.col("_cached").isNull()).drop("_cached")
+        returned = None
     if n_pending:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
     safe_fn = _safe(work_fn)
@@ -310,23 +350,30 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         if is_connect(spark):
             n_tasks = max(1, min(n_pending, max(slots, by_size)))
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
-                                    row_of, meter)
+                                    row_of, meter, returned)
         else:
             # One slot stays free: the periodic commit is a Spark job, and it could not start before the
             # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
             n_tasks = max(1, min(n_pending, max(slots - 1, by_size)))
-            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal)
+            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
+                                       returned)
         _compact(spark, store, llm.max_result_files)
 
     usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
-    all_results = store.read_or_empty(T.LLM_RESULTS).where(F.col("stage") == stage)
-    succeeded = (all_results.where(F.col("error").isNull()).groupBy("item_key")
-                 .agg(F.first("result").alias("result")).withColumn("error", F.lit(None).cast("string")))
-    failed = (all_results.where(F.col("error").isNotNull()).join(succeeded.select("item_key"), "item_key", "left_anti")
-              .groupBy("item_key").agg(F.max_by("error", "created_at").alias("error")).withColumn("result", F.lit(None).cast("string")))
-    outcome = keyed.select("item_id", "item_key").join(succeeded.unionByName(failed), "item_key", "left")
-    keyed.unpersist()
-    status.unpersist()
+    if on_driver:
+        answers.update({row["item_key"]: (row["result"], row["error"]) for row in returned})
+        outcome = spark.createDataFrame([(row["item_id"], row["item_key"], *answers.get(row["item_key"], (None, None)))
+                                         for row in few],
+                                        "item_id string, item_key string, result string, error string")
+    else:
+        all_results = store.read_or_empty(T.LLM_RESULTS).where(F.col("stage") == stage)
+        succeeded = (all_results.where(F.col("error").isNull()).groupBy("item_key")
+                     .agg(F.first("result").alias("result")).withColumn("error", F.lit(None).cast("string")))
+        failed = (all_results.where(F.col("error").isNotNull()).join(succeeded.select("item_key"), "item_key", "left_anti")
+                  .groupBy("item_key").agg(F.max_by("error", "created_at").alias("error")).withColumn("result", F.lit(None).cast("string")))
+        outcome = keyed.select("item_id", "item_key").join(succeeded.unionByName(failed), "item_key", "left")
+        keyed.unpersist()
+        status.unpersist()
     # Every cache hit succeeded before and every pending item returned a row in this run, so the
     # failed items are this run's error rows (no scan of llm_results).
     n_failed = figures.failed_items
