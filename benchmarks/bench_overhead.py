@@ -7,7 +7,7 @@ at 0 s latency and no rate limit, so what is timed is Spark's own work. Per run 
 time and the Spark jobs of every stage, the non-LLM stages' total (documents, text units, graph,
 communities, retention; the offline method's extraction is no LLM call either, but is shown apart)
 and its ratio to the 10 s goal. ``--jobs`` also prints each job's call site per stage (from Spark's
-event log), to see which line of the stage starts them. ``--method`` runs one of the two only.
+event log), to see which line of the stage starts them, and every job's start and length in time order. ``--method`` runs one of the two only.
 """
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ def _call_sites(event_dir: Path) -> dict[str, dict[str, int]]:
     return {group: dict(sorted(per.items(), key=lambda kv: -kv[1])) for group, per in sites.items()}
 
 
+def _timeline(event_dir: Path) -> list[tuple[float, float, str, str]]:
+    """Every job as (start s, seconds, scheduler pool (stage), call site), in start order, from the event log."""
+    started: dict[int, tuple[int, str, str]] = {}
+    jobs = []
+    for log in (path for path in event_dir.rglob("*") if path.is_file()):
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            event = json.loads(line)
+            if event.get("Event") == "SparkListenerJobStart":
+                props = event.get("Properties") or {}
+                started[event["Job ID"]] = (event["Submission Time"], props.get("spark.scheduler.pool", "-"),
+                                            props.get("callSite.short", "?"))
+            elif event.get("Event") == "SparkListenerJobEnd" and event["Job ID"] in started:
+                at, pool, site = started.pop(event["Job ID"])
+                jobs.append((at, event["Completion Time"] - at, pool, site))
+    first = min((at for at, *_ in jobs), default=0)
+    return [((at - first) / 1000, took / 1000, pool, site) for at, took, pool, site in sorted(jobs)]
+
+
 def index_once(method: str, cores: int, show_jobs: bool, overrides: list[str]) -> dict:
     from graphrag_spark.config import load_config
     from graphrag_spark.index.pipeline import run_index
@@ -82,11 +100,12 @@ def index_once(method: str, cores: int, show_jobs: bool, overrides: list[str]) -
         finally:
             spark.stop()
         sites = _call_sites(events) if show_jobs else {}
+        timeline = _timeline(events) if show_jobs else []
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return {"method": method, "summary": summary, "jobs": jobs, "sites": sites, "session_s": session_s}
+    return {"method": method, "summary": summary, "jobs": jobs, "sites": sites, "timeline": timeline, "session_s": session_s}
 
 
 def report(result: dict, show_jobs: bool) -> None:
@@ -107,6 +126,9 @@ def report(result: dict, show_jobs: bool) -> None:
     if show_jobs:
         for group, per in result["sites"].items():
             print(f"  jobs of {group}: {per}")
+        print("job timeline (start s from the first job, seconds, stage, call site):")
+        for at, took, pool, site in result["timeline"]:
+            print(f"  {at:7.2f} {took:6.2f}  {pool:<24} {site}")
 
 
 def main() -> None:
