@@ -8,7 +8,10 @@ here first and takes the Connect-safe path when it must.
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable
 
+from pyspark import inheritable_thread_target
 from pyspark.sql import SparkSession
 
 # Under Connect with neither setting given (Databricks serverless sizes shuffles itself): tasks per LLM wave.
@@ -44,3 +47,13 @@ def analysis_condition(exc: BaseException) -> str | None:
         named = _MESSAGE_CONDITION.match(str(exc))
         condition = named.group(1) if named else None
     return condition
+
+
+def in_parallel(spark: SparkSession, *work: Callable[[], object]) -> list:
+    """Each function in a thread of its own (independent Spark jobs: table writes, say); their results
+    in order. The threads keep the caller's local properties (its scheduler pool). The first failure is
+    raised once all have ended."""
+    with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="parallel") as pool:
+        futures = [pool.submit(inheritable_thread_target(spark)(fn)) for fn in work]
+        wait(futures)
+    return [future.result() for future in futures]

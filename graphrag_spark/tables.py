@@ -404,13 +404,20 @@ class TableStore:
         self.spark.catalog.dropTempView(view)
         return self.read(name).count()
 
-    def update_columns(self, df: DataFrame, name: str, columns: list[str], key: str = "id") -> None:
+    def update_columns(self, df: DataFrame, name: str, columns: list[str], current: DataFrame | None = None,
+                       key: str = "id") -> DataFrame | None:
         """Set ``columns`` of the rows ``df`` names (by ``key``) to ``df``'s values; other rows are untouched.
         One overwrite of the table joined with ``df``: a MERGE costs more Spark jobs, and it rewrites
-        every file holding a matched row anyway, which is most files when descriptions are summarized."""
+        every file holding a matched row anyway, which is most files when descriptions are summarized.
+
+        ``current``: the table's rows as the caller holds them (cached, as last written) instead of a read;
+        the rows written are then returned, cached (else None)."""
         updates = df.select(key, *(F.col(c).alias(f"_new_{c}") for c in columns)).withColumn("_matched", F.lit(True))
-        current = self.read(name)
-        updated = current.join(updates, key, "left").select(*(
+        rows = self.read(name) if current is None else current
+        updated = rows.join(updates, key, "left").select(*(
             F.when(F.col("_matched"), F.col(f"_new_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
-            for c in current.columns))
+            for c in rows.columns))
+        if current is not None:
+            updated = updated.persist()
         self.write(updated, name, counted=False)
+        return None if current is None else updated

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import CONNECT_FALLBACK_PARALLELISM, analysis_condition, default_parallelism, is_connect
+from graphrag_spark.compat import (CONNECT_FALLBACK_PARALLELISM, analysis_condition, default_parallelism, in_parallel,
+                                   is_connect)
 from graphrag_spark.config import StorageConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.query.api import GraphRagIndex
@@ -52,6 +53,33 @@ def test_classic_parallelism_is_the_context_s(spark):
 
 
 @pytest.mark.spark
+def test_work_in_parallel_keeps_its_order_the_callers_pool_and_raises_after_all_ended(spark):
+    import threading
+    import time
+
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.scheduler.pool", "a-stage")
+    finished = []
+
+    def slow_then_done():
+        time.sleep(0.3)
+        finished.append("slow")
+        return threading.current_thread().name
+
+    try:
+        names = in_parallel(spark, slow_then_done, lambda: sc.getLocalProperty("spark.scheduler.pool"),
+                            lambda: spark.range(3).count())
+        assert names[1:] == ["a-stage", 3] and names[0] != threading.current_thread().name
+
+        def fail():
+            raise ValueError("one of them failed")
+        with pytest.raises(ValueError, match="one of them failed"):
+            in_parallel(spark, fail, slow_then_done)
+        assert finished == ["slow", "slow"], "the failure is raised once the others have ended"
+    finally:
+        sc.setLocalProperty("spark.scheduler.pool", None)
+
+
 def test_a_delta_table_is_found_without_the_delta_table_api(spark, tmp_path):
     store = T.TableStore(spark, StorageConfig(root=str(tmp_path)))
     (tmp_path / "plain").mkdir()

@@ -28,7 +28,7 @@ from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from graphrag_spark import progress
 from graphrag_spark import tables as T
-from graphrag_spark.compat import is_connect
+from graphrag_spark.compat import in_parallel, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
@@ -164,11 +164,15 @@ def documents_stage(run: Run) -> None:
         run.documents_written = False
         run.diff = _unchanged_diff(run, counts)
         return
-    if counts["rejected"] or store.exists(T.INPUT_REJECTS):
-        store.write(rejects, T.INPUT_REJECTS, counted=False)
-    else:  # a first build without rejects
-        store.create_empty(T.INPUT_REJECTS)
-    run.write_cached(documents, T.DOCUMENTS, counted=False)  # its rows are the distinct documents counted
+
+    def write_rejects() -> None:
+        if counts["rejected"] or store.exists(T.INPUT_REJECTS):
+            store.write(rejects, T.INPUT_REJECTS, counted=False)
+        else:  # a first build without rejects
+            store.create_empty(T.INPUT_REJECTS)
+
+    # Its rows are the distinct documents counted.
+    in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
     n_documents = counts["documents"]
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
@@ -246,19 +250,25 @@ def extraction_stage(run: Run) -> None:
     # Kept cached for the graph stage. The LLM instances are read from extraction's checkpoint (a scratch
     # table), not from llm_results, which later stages write (Spark re-plans a cached frame on each
     # write to a table it reads).
-    n_entity_instances = run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES)
-    n_relationship_instances = run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances),
-                                                T.RELATIONSHIP_INSTANCES)
+
+    def write_claims() -> int:
+        if run.previous is None and not (run.llm and cfg.extraction.claims) and not store.exists(T.CLAIMS):
+            store.create_empty(T.CLAIMS)  # no claims on a new root: one metadata commit, no Spark job
+            return 0
+        kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
+        keyed_claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
+        all_claims = _union(kept_claims, keyed_claims.drop("human_readable_id"))
+        return store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
+
+    # The three tables are independent: written at once, their Delta commits (mostly the driver's
+    # own latency on a small corpus) overlap.
+    n_entity_instances, n_relationship_instances, run.counted[T.CLAIMS] = in_parallel(
+        spark,
+        lambda: run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES),
+        lambda: run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances), T.RELATIONSHIP_INSTANCES),
+        write_claims)
     if nlp_instances is not None:
         nlp_instances.unpersist()
-    if run.previous is None and not (run.llm and cfg.extraction.claims) and not store.exists(T.CLAIMS):
-        store.create_empty(T.CLAIMS)  # no claims on a new root: one metadata commit, no Spark job
-        run.counted[T.CLAIMS] = 0
-    else:
-        kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
-        claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
-        all_claims = _union(kept_claims, claims.drop("human_readable_id"))
-        run.counted[T.CLAIMS] = store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
     run.summary.counts["entity instances"] = n_entity_instances
     run.summary.counts["relationship instances"] = n_relationship_instances
 
@@ -279,23 +289,28 @@ def graph_stage(run: Run) -> None:
     on_driver = instances <= cfg.graph.driver_max_instances
     built = (_driver_graph if on_driver else _spark_graph)(run, min_mentions)
     entities, relationships = built.entities, built.relationships
-    rows = {}
-    for name, frame in ((T.ENTITIES, entities), (T.RELATIONSHIPS, relationships)):
+
+    def write(name: str, frame: DataFrame) -> int:
+        if run.graph_rows is not None:  # a full build's rows from the driver: written as they are, held cached
+            return run.write_cached(frame, name)
         before = run.before(name)
         if before is not None:  # published numbers kept; new elements numbered after them, in rank order
             frame = keep_numbers(frame.withColumnRenamed("human_readable_id", "_rank"), before, ["_rank"]).drop("_rank")
-        rows[name] = store.merge(_carry_descriptions(frame, before), name)
-        # Elements whose instance set changed: the only ones the summary stage looks at.
-        current = store.read(name).select("id", "text_unit_ids")
-        run.changed[name] = (current if before is None else
-                             current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti"))
+        written = store.merge(_carry_descriptions(frame, before), name)
+        if before is not None:  # elements whose instance set changed: the only ones a refresh summarizes
+            current = store.read(name).select("id", "text_unit_ids")
+            run.changed[name] = current.join(before.select("id", "text_unit_ids"), ["id", "text_unit_ids"], "left_anti")
+        return written
+
+    rows = dict(zip((T.ENTITIES, T.RELATIONSHIPS), in_parallel(run.spark, lambda: write(T.ENTITIES, entities),
+                                                                 lambda: write(T.RELATIONSHIPS, relationships))))
     if _llm_summaries(cfg):
         # The lists the summaries are written from; only elements with two or more descriptions are
         # summarized. Spark SQL's are kept (scratch tables) so the summary stage does not aggregate the
         # instances again; the driver's are rows in the plan already, so they are used as they are.
         several = F.size("descriptions") >= 2
-        described = {T.ENTITIES: built.nodes.where(several).select("title", "descriptions"),
-                     T.RELATIONSHIPS: built.edges.where(several).select("source", "target", "descriptions")}
+        described = {T.ENTITIES: built.nodes.where(several).select("id", "title", "descriptions"),
+                     T.RELATIONSHIPS: built.edges.where(several).select("id", "source", "target", "descriptions")}
         run.described = described if on_driver else {
             name: store.checkpoint(frame, f"described_{name}") for name, frame in described.items()}
     run.summary.counts["graph aggregated"] = "on the driver" if on_driver else "in Spark SQL"
@@ -368,22 +383,26 @@ def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
 
 
 def summarize_stage(run: Run) -> None:
-    only = {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
-    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described)
+    # A full build summarizes every element with several descriptions: no join with the changed ids.
+    only = None if run.previous is None else {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
+    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described, run.written)
     run.summary.usage += usages
     run.summary.counts["summaries failed (descriptions kept joined, retried next run)"] = sum(u.failures for u in usages)
 
 
 def communities_stage(run: Run) -> None:
     store, cfg = run.store, run.cfg
-    table, counts = communities.cluster_graph(run.spark, store.read(T.ENTITIES), store.read(T.RELATIONSHIPS),
+    table, counts = communities.cluster_graph(run.spark, run.table(T.ENTITIES), run.table(T.RELATIONSHIPS),
                                               cfg.communities, cfg.graph.largest_component_only,
                                               resolve_backend(run.spark, cfg.graph.backend),
                                               previous=run.before(T.COMMUNITIES),
                                               previous_relationships=run.before(T.RELATIONSHIPS),
                                               on_driver=run.summary.counts["entities"] + run.summary.counts["relationships"]
                                               <= cfg.graph.driver_max_instances, collected=run.graph_rows)
-    store.write(table, T.COMMUNITIES, counted=False)
+    if run.graph_rows is not None:  # built from the driver's rows: kept cached, the reports read no Delta back
+        run.write_cached(table, T.COMMUNITIES, counted=False)
+    else:  # it reads the entities, which the summaries rewrite: a cached copy would be planned again
+        store.write(table, T.COMMUNITIES, counted=False)
     run.summary.counts["communities per level"] = counts["communities_per_level"]
     run.summary.counts["entities not clustered"] = run.summary.counts["entities"] - counts["clustered_entities"]
     if run.previous is not None:
@@ -392,7 +411,7 @@ def communities_stage(run: Run) -> None:
 
 
 def reports_stage(run: Run) -> None:
-    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary)
+    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.table)
 
 
 def text_unit_embeddings_stage(run: Run) -> None:
@@ -615,19 +634,20 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     return runs.current_versions(run.store)
 
 
-def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary) -> None:
+def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary,
+                  read: Callable[[str], DataFrame]) -> None:
     """Bottom-up: the deepest level first, each level's reports written before the next level starts,
     so a higher level's context can substitute the finished reports of its sub-communities. LLM
     reports are scheduled across levels (``reports.build_llm_reports``)."""
     use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
     if use_llm:
         claims = store.read(T.CLAIMS) if store.exists(T.CLAIMS) else None
-        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims)
+        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims, read)
         summary.usage += usages
         summary.counts.update(counts)
         return
-    all_communities = store.read(T.COMMUNITIES)
-    entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
+    all_communities = read(T.COMMUNITIES)
+    entities, relationships = read(T.ENTITIES), read(T.RELATIONSHIPS)
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)
     max_findings = cfg.reports.max_findings
     per_level = {}

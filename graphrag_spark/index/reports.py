@@ -36,6 +36,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import in_parallel
 from graphrag_spark.ids import content_id
 from graphrag_spark.index.report_context import CommunityElements, SubCommunity, build_higher_context, build_leaf_context
 from graphrag_spark.index.report_json import format_data_refs, parse_report, render_full_content
@@ -267,11 +268,14 @@ def final_report(row: dict, max_findings: int) -> dict:
 DRIVER_REPORT_MEMBERS = 20_000
 
 
-def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) -> tuple[dict, list]:
+def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
+                      read: Callable[[str], DataFrame] | None = None) -> tuple[dict, list]:
     """The paper's LLM reports for every community (scheduled as the module docstring says), written to
     ``community_reports`` in one commit; a failed one falls back to extractive. Returns the run
-    summary's counts and the stages' usage."""
-    all_communities = store.read(T.COMMUNITIES)
+    summary's counts and the stages' usage. ``read``: a table's rows by name (the index job's are held
+    cached as written: ``Run.table``); by default the store's table."""
+    read = read or store.read
+    all_communities = read(T.COMMUNITIES)
     shape = all_communities.select("community", "level", "size", "children").toPandas()
     if shape.empty:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
@@ -279,7 +283,7 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
     origins = report_origins(reused_reports(shape))
     on_driver = int(shape["size"].sum()) <= DRIVER_REPORT_MEMBERS
     build = _reports_on_driver if on_driver else _reports_in_spark
-    substituted, trimmed, usages = build(spark, store, cfg, run_id, claims, all_communities, shape, origins)
+    substituted, trimmed, usages = build(spark, store, cfg, run_id, claims, read, shape, origins)
     counts = {"reports per level": {int(level): int(n) for level, n in shape.groupby("level").size().sort_index().items()},
               "reports reused (same members as a sub-community)": len(origins),
               "contexts with substituted sub-reports": dict(sorted(substituted.items())),
@@ -288,23 +292,29 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None) 
     return counts, usages
 
 
-def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None, all_communities: DataFrame,
+def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None, read: Callable[[str], DataFrame],
                        shape: pd.DataFrame, origins: dict[int, int]):
     """``build_llm_reports`` for a small graph: the same schedule over rows collected to the driver. Writes
     the reports; returns the substituted contexts per level, the trimmed contexts and the stages' usage."""
     max_input, max_findings = cfg.reports.max_input_tokens, cfg.reports.max_findings
     entity_columns = ("id", "human_readable_id", "title", "type", "description", "degree")
     relationship_columns = ("id", "human_readable_id", "source", "target", "description", "weight", "combined_degree")
-    entity_of = {r["id"]: r for r in _records(store.read(T.ENTITIES).select(*entity_columns))}
-    relationship_of = {r["id"]: r for r in _records(store.read(T.RELATIONSHIPS).select(*relationship_columns))}
+    claim_columns = ("id", "human_readable_id", "subject", "type", "status", "description")
+    community_columns = ("id", "community", "level", "size", "children", "entity_ids", "relationship_ids")
+    # Four independent reads: at once, their jobs' fixed latencies overlap.
+    entity_rows, relationship_rows, claim_rows, community_rows = in_parallel(
+        spark, lambda: _records(read(T.ENTITIES).select(*entity_columns)),
+        lambda: _records(read(T.RELATIONSHIPS).select(*relationship_columns)),
+        lambda: [] if claims is None else _records(claims.select(*claim_columns)),
+        lambda: _records(read(T.COMMUNITIES).select(*community_columns)))
+    entity_of = {r["id"]: r for r in entity_rows}
+    relationship_of = {r["id"]: r for r in relationship_rows}
     claims_of: dict[str, list[dict]] = {}
-    if claims is not None:
-        for claim in _records(claims.select("id", "human_readable_id", "subject", "type", "status", "description")):
-            claims_of.setdefault(claim["subject"], []).append(claim)
+    for claim in claim_rows:
+        claims_of.setdefault(claim["subject"], []).append(claim)
     # Per community, its context row as ``community_contexts`` builds it (no sub-reports yet).
     rows: dict[int, dict] = {}
-    for community in _records(all_communities.select("id", "community", "level", "size", "children", "entity_ids",
-                                                     "relationship_ids")):
+    for community in community_rows:
         members = [entity_of[i] for i in community["entity_ids"] or () if i in entity_of]
         rows[community["community"]] = {
             **community, "children": community["children"] or [], "entities": members,
@@ -365,10 +375,10 @@ def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict]) -> tup
     return {row["id"]: row["result"] for row in outcome.collect()}, usage
 
 
-def _reports_in_spark(spark, store, cfg, run_id: str, claims: DataFrame | None, all_communities: DataFrame,
+def _reports_in_spark(spark, store, cfg, run_id: str, claims: DataFrame | None, read: Callable[[str], DataFrame],
                       shape: pd.DataFrame, origins: dict[int, int]):
     """``build_llm_reports`` in Spark jobs, level by level (any graph size); writes and returns as ``_reports_on_driver``."""
-    entities, relationships = store.read(T.ENTITIES), store.read(T.RELATIONSHIPS)
+    entities, relationships, all_communities = read(T.ENTITIES), read(T.RELATIONSHIPS), read(T.COMMUNITIES)
     copies = spark.createDataFrame(pd.DataFrame({"community": list(origins), "origin": list(origins.values())},
                                                 dtype="int64"), "community long, origin long")
     originals = all_communities.join(copies.select("community"), "community", "left_anti")

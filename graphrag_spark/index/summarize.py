@@ -30,16 +30,15 @@ def summary_items(described: DataFrame, name_col) -> DataFrame:
                     F.to_json(F.struct(name_col.alias("name"), F.col("descriptions"))).alias("payload")))
 
 
-def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, table: str,
-               described: DataFrame, keys: list[str], name_col, stage: str,
+def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
+               described: DataFrame, name_col, stage: str,
                only: DataFrame | None) -> tuple[DataFrame, StageUsage]:
     prompt = load_prompt("summarize_descriptions")
     max_tokens = cfg.extraction.summary_max_tokens
     max_input_tokens = cfg.graph.max_description_tokens
-    current = store.read(table)
     if only is not None:
-        current = current.join(only, "id", "left_semi")
-    items = summary_items(current.select("id", *keys).join(described.select(*keys, "descriptions"), keys), name_col)
+        described = described.join(only, "id", "left_semi")
+    items = summary_items(described, name_col)
 
     async def work(client, item: dict) -> LlmWork:
         payload = json.loads(item["payload"])
@@ -58,12 +57,15 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
 
 def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
                     only: dict[str, DataFrame] | None = None,
-                    described: dict[str, DataFrame] | None = None) -> list[StageUsage]:
+                    described: dict[str, DataFrame] | None = None,
+                    held: dict[str, DataFrame] | None = None) -> list[StageUsage]:
     """Replace multi-description entities' and relationships' descriptions with their LLM summaries
     (the table rewritten once with them). ``only``: per table, the ids to consider (a refresh passes the
     elements whose instances changed; the others keep their description and cost nothing).
-    ``described``: per table, the elements' ``descriptions`` lists with their keys, as the graph stage
-    built them (the pipeline passes them); without it they are built again from the instances."""
+    ``described``: per table, the elements' ``descriptions`` lists with their ids and names, as the graph
+    stage built them (the pipeline passes them); without it they are built again from the instances.
+    ``held``: tables as the caller wrote them, cached (``Run.written``): a table held there is rewritten
+    from those rows rather than read back, and its rewritten rows replace them there, cached."""
     if described is None:
         text_units = store.read(T.TEXT_UNITS)
         described = {
@@ -71,15 +73,19 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
             T.RELATIONSHIPS: graph.build_relationships(store.read(T.RELATIONSHIP_INSTANCES), store.read(T.ENTITIES),
                                                        cfg.graph, text_units),
         }
-    stages = ((T.ENTITIES, ["title"], F.col("title"), "summarize_entities"),
-              (T.RELATIONSHIPS, ["source", "target"], F.concat_ws(" -> ", "source", "target"), "summarize_relationships"))
+    stages = ((T.ENTITIES, F.col("title"), "summarize_entities"),
+              (T.RELATIONSHIPS, F.concat_ws(" -> ", "source", "target"), "summarize_relationships"))
 
-    def summarize(table, keys, name_col, stage) -> StageUsage:
-        summaries, usage = _summarize(spark, store, cfg, run_id, table, described[table], keys, name_col, stage,
+    def summarize(table, name_col, stage) -> StageUsage:
+        summaries, usage = _summarize(spark, store, cfg, run_id, described[table], name_col, stage,
                                       (only or {}).get(table))
         # Materialised (in Delta: a lost executor loses nothing) before merging into the table the plan reads from.
-        store.update_columns(store.checkpoint(summaries, f"summaries_{table}", expected_rows=usage.items), table,
-                             ["description"])
+        summaries = store.checkpoint(summaries, f"summaries_{table}", expected_rows=usage.items)
+        current = (held or {}).get(table)
+        updated = store.update_columns(summaries, table, ["description"], current)
+        if current is not None:
+            held[table] = updated
+            current.unpersist()
         return usage
 
     # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
