@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
+from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
@@ -524,25 +525,32 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     started = _utcnow()
     common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
               "config_fingerprint": fingerprint}
-    runs.record_run(store, status=runs.RUNNING, **common)
     store.deferred_usage = []  # one llm_usage commit for the run, not one per LLM stage
+    in_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-record")
+    # The RUNNING row only tells monitors: appended while the first stages run, and done before the outcome is.
+    running = in_background.submit(inheritable_thread_target(spark)(runs.record_run), store, status=runs.RUNNING,
+                                   **common)
     try:
         versions = _run_stages(run, published)
+        running.result()
     except BaseException as exc:
         with suppress(Exception):  # the stages' error is the one to report
+            running.result()
             _append_deferred_usage(store)
         runs.record_run(store, status=runs.FAILED, ended_at=_utcnow(), error=f"{type(exc).__name__}: {str(exc)[:500]}",
                         **common, **_totals(summary))
         raise
     finally:
+        in_background.shutdown(wait=True)
         for frame in run.written.values():
             frame.unpersist()
-    _append_deferred_usage(store)
     diff = run.diff.counts if run.diff is not None else {"new": summary.counts["documents"]}
-    runs.record_run(store, status=runs.SUCCEEDED, ended_at=_utcnow(), table_versions=versions,
-                    source_version=run.source_version, documents_new=diff.get("new", 0),
-                    documents_changed=diff.get("changed", 0), documents_deleted=diff.get("deleted", 0),
-                    documents_unchanged=diff.get("unchanged", 0), **common, **_totals(summary))
+    # Independent appends (usage is not a published table): at once.
+    in_parallel(spark, lambda: _append_deferred_usage(store), lambda: runs.record_run(
+        store, status=runs.SUCCEEDED, ended_at=_utcnow(), table_versions=versions, source_version=run.source_version,
+        documents_new=diff.get("new", 0), documents_changed=diff.get("changed", 0),
+        documents_deleted=diff.get("deleted", 0), documents_unchanged=diff.get("unchanged", 0), **common,
+        **_totals(summary)))
     store.drop_scratch()
     with summary.stage("retention"):
         summary.counts.update(retention.apply(run))
