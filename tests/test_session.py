@@ -98,6 +98,31 @@ def test_spark_defaults_conf_counts_as_preset(tmp_path, monkeypatch):
     assert _preset_conf(under_submit=False) == {"spark.master": "spark://h:7077", "spark.sql.shuffle.partitions": "64"}
 
 
+def test_the_class_archive_is_named_by_the_jdk_and_pyspark(tmp_path, monkeypatch):
+    from graphrag_spark.session import class_archive
+
+    cfg = SparkConfig(ivy_cache=str(tmp_path / "cache" / "ivy"))
+    for home in ("jdk-a", "jdk-b"):
+        (tmp_path / home / "bin").mkdir(parents=True)
+        (tmp_path / home / "bin" / "java").write_text("")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk-a"))
+    first = class_archive(cfg)
+    assert first.parent == tmp_path / "cache" / "jvm" and first == class_archive(cfg)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk-b"))
+    assert class_archive(cfg) != first, "another JDK never meets this one's archive"
+
+
+@pytest.mark.spark
+def test_a_local_session_maps_the_class_archive_setup_made(spark):
+    from graphrag_spark.session import class_archive
+
+    archive = class_archive(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy")))
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    if not archive.is_file():
+        pytest.skip(f"no class archive at {archive} (scripts/setup.sh makes it)")
+    assert f"-XX:SharedArchiveFile={archive}" in options
+
+
 @pytest.mark.spark
 def test_session_loads_delta_from_jars_by_path(spark):
     conf = spark.sparkContext.getConf()
