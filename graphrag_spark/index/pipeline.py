@@ -172,7 +172,7 @@ def documents_stage(run: Run) -> None:
         else:  # a first build without rejects
             store.create_empty(T.INPUT_REJECTS)
 
-    # Its rows are the distinct documents counted.
+    # The documents are not counted again: their rows are the distinct documents the read counted.
     in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
     n_documents = counts["documents"]
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
@@ -536,6 +536,7 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     except BaseException as exc:
         with suppress(Exception):  # the stages' error is the one to report
             running.result()
+        with suppress(Exception):
             _append_deferred_usage(store)
         runs.record_run(store, status=runs.FAILED, ended_at=_utcnow(), error=f"{type(exc).__name__}: {str(exc)[:500]}",
                         **common, **_totals(summary))
