@@ -502,16 +502,23 @@ def _plan_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str
 def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str) -> Run | None:
     """A refresh's input read and compared with the published documents, without the lock; its ``diff``
     is set only where nothing changed. None for a full build."""
-    run, _ = _plan_run(spark, cfg, store, run_id, full=False)
-    if run.previous is None:
-        return None
-    with run.summary.stage("input_check"):
-        run.input_read = read_documents(run, run.before(T.DOCUMENTS))
-        documents, rejects, counts = run.input_read
-        if counts["documents"] and _as_published(run, documents, rejects):
-            run.diff = _unchanged_diff(run, counts)
-            run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
-                                                     "no lock taken, nothing written")
+    if not store.exists(T.INDEX_RUNS):
+        return None  # a new root
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="input") as pool:
+        # Files read the same whatever the published run: parsed while it is looked up (a table input's
+        # read depends on the version that run processed).
+        ahead = (pool.submit(inheritable_thread_target(spark)(build_documents), spark, cfg.input)
+                 if cfg.input.format not in ("delta", "table") else None)
+        run, _ = _plan_run(spark, cfg, store, run_id, full=False)
+        if run.previous is None:
+            return None
+        with run.summary.stage("input_check"):
+            run.input_read = ahead.result() if ahead is not None else read_documents(run, run.before(T.DOCUMENTS))
+            documents, rejects, counts = run.input_read
+            if counts["documents"] and _as_published(run, documents, rejects):
+                run.diff = _unchanged_diff(run, counts)
+                run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
+                                                         "no lock taken, nothing written")
     return run
 
 
