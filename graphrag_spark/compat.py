@@ -49,11 +49,17 @@ def analysis_condition(exc: BaseException) -> str | None:
     return condition
 
 
+def inheriting(spark: SparkSession, fn: Callable) -> Callable:
+    """``fn`` run in another thread with this thread's local properties (classic: its scheduler pool)
+    or session tags (Connect). pyspark 3.5's classic wrapper takes the function, not the session."""
+    return inheritable_thread_target(spark)(fn) if is_connect(spark) else inheritable_thread_target(fn)
+
+
 def in_parallel(spark: SparkSession, *work: Callable[[], object]) -> list:
     """Each function in a thread of its own (independent Spark jobs: table writes, say); their results
     in order. The threads keep the caller's local properties (its scheduler pool). The first failure is
     raised once all have ended."""
     with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="parallel") as pool:
-        futures = [pool.submit(inheritable_thread_target(spark)(fn)) for fn in work]
+        futures = [pool.submit(inheriting(spark, fn)) for fn in work]
         wait(futures)
     return [future.result() for future in futures]

@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from pyspark import inheritable_thread_target
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
 
 from graphrag_spark import progress
 from graphrag_spark import tables as T
-from graphrag_spark.compat import in_parallel, is_connect
+from graphrag_spark.compat import in_parallel, inheriting, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
@@ -507,7 +506,7 @@ def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="input") as pool:
         # Files read the same whatever the published run: parsed while it is looked up (a table input's
         # read depends on the version that run processed).
-        ahead = (pool.submit(inheritable_thread_target(spark)(build_documents), spark, cfg.input)
+        ahead = (pool.submit(inheriting(spark, build_documents), spark, cfg.input)
                  if cfg.input.format not in ("delta", "table") else None)
         run, _ = _plan_run(spark, cfg, store, run_id, full=False)
         if run.previous is None:
@@ -535,7 +534,7 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     store.deferred_usage = []  # one llm_usage commit for the run, not one per LLM stage
     in_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-record")
     # The RUNNING row only tells monitors: appended while the first stages run, and done before the outcome is.
-    running = in_background.submit(inheritable_thread_target(spark)(runs.record_run), store, status=runs.RUNNING,
+    running = in_background.submit(inheriting(spark, runs.record_run), store, status=runs.RUNNING,
                                    **common)
     try:
         versions = _run_stages(run, published)
