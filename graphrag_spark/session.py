@@ -143,8 +143,8 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
     settings = session_settings(cfg, chosen_master, preset, extra_conf)
     if not under_submit and "spark.jars" not in preset:
         settings["spark.jars"] = ",".join(local_jars(cfg))
-        archive = class_archive(cfg)
-        if _is_local(chosen_master) and archive.is_file() and "spark.driver.extraJavaOptions" not in preset:
+        archive = class_archive(cfg) if _is_local(chosen_master) else None
+        if archive is not None and archive.is_file() and "spark.driver.extraJavaOptions" not in preset:
             # The JVM this process starts maps the classes setup archived: seconds off every start.
             settings["spark.driver.extraJavaOptions"] = " ".join(
                 filter(None, [settings.get("spark.driver.extraJavaOptions"), *_sharing_options(archive)]))

@@ -10,12 +10,12 @@ source order, within ``graph.max_description_tokens``), never a text split back 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import in_parallel
 from graphrag_spark.config import Config
 from graphrag_spark.index import graph
 from graphrag_spark.index.extract_llm import summarize_descriptions
@@ -91,5 +91,4 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
     # The two stages are independent: run at once, they share the model's budget (llm.coordinator),
     # so one's Spark work before and after its calls is not dead time for the rate limit; each merges
     # its own table as soon as its calls are done, while the other may still be calling.
-    with ThreadPoolExecutor(max_workers=len(stages), thread_name_prefix="summarize") as pool:
-        return list(pool.map(lambda spec: summarize(*spec), stages))
+    return in_parallel(spark, *(lambda spec=spec: summarize(*spec) for spec in stages))
