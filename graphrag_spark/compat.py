@@ -8,6 +8,7 @@ here first and takes the Connect-safe path when it must.
 from __future__ import annotations
 
 import re
+import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable
 
@@ -16,6 +17,9 @@ from pyspark.sql import SparkSession
 
 # Under Connect with neither setting given (Databricks serverless sizes shuffles itself): tasks per LLM wave.
 CONNECT_FALLBACK_PARALLELISM = 8
+# pyspark 4 warns on every classic wrap given the function (see ``inheriting``). A filter set once:
+# catch_warnings is not thread-safe, and stages wrap from several threads.
+warnings.filterwarnings("ignore", message="Spark session is not provided", category=UserWarning, module="pyspark")
 _MESSAGE_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
 
 
@@ -51,7 +55,8 @@ def analysis_condition(exc: BaseException) -> str | None:
 
 def inheriting(spark: SparkSession, fn: Callable) -> Callable:
     """``fn`` run in another thread with this thread's local properties (classic: its scheduler pool)
-    or session tags (Connect). pyspark 3.5's classic wrapper takes the function, not the session."""
+    or session tags (Connect). The classic wrapper is given the function, which pyspark 3.5 requires
+    (pyspark 4 warns that the session's tags, which this project does not set, are not inherited)."""
     return inheritable_thread_target(spark)(fn) if is_connect(spark) else inheritable_thread_target(fn)
 
 
