@@ -13,16 +13,19 @@ to print what to pass to ``spark-submit``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 from pyspark.sql import SparkSession
 
-from graphrag_spark.compat import is_connect
+from graphrag_spark.compat import default_parallelism, is_connect
 from graphrag_spark.config import SparkConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.jars import DELTA_EXTENSION_CLASS, delta_coordinate, resolve_jars, spark_home
@@ -165,6 +168,46 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
         # Executors on a real cluster import the driver's exact library version, prompts included.
         spark.sparkContext.addPyFile(_package_zip(Path(cfg.ivy_cache).expanduser().resolve().parent))
     return spark
+
+
+_warmed_applications: set[str] = set()
+
+
+def _importing(modules: tuple[str, ...], encoding: str):
+    def warm(batches: Iterator) -> Iterator:
+        for name in modules:
+            importlib.import_module(name)
+        from graphrag_spark.tokens import get_encoding
+
+        get_encoding(encoding)
+        yield from batches
+
+    return warm
+
+
+def warm_python_workers(spark: SparkSession, modules: tuple[str, ...], encoding: str) -> threading.Thread | None:
+    """On a local master, once per application: start Python workers in the background, with ``modules``
+    imported and the token ``encoding`` loaded, while the driver's first Delta commits run. A cold
+    worker costs the first Python job of a JVM about 3 s, and the LLM client's imports 1 s more, all
+    on an index's critical path. One slot is left to the driver's own jobs. Returns the thread to join
+    (a warm-up that fails costs nothing but the warm-up: the stages start their workers themselves)."""
+    if is_connect(spark) or not _is_local(spark.sparkContext.master):
+        return None
+    application = spark.sparkContext.applicationId
+    if application in _warmed_applications:
+        return None
+    _warmed_applications.add(application)
+    tasks = max(1, default_parallelism(spark) - 1)
+
+    def warm() -> None:
+        try:
+            spark.range(tasks, numPartitions=tasks).mapInPandas(_importing(modules, encoding), "id long").collect()
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+    thread = threading.Thread(target=warm, name="python-worker-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def class_archive(cfg: SparkConfig) -> Path:

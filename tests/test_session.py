@@ -124,6 +124,31 @@ def test_a_local_session_maps_the_class_archive_setup_made(spark):
 
 
 @pytest.mark.spark
+def test_python_workers_are_warmed_once_per_application_with_the_modules_imported(spark, monkeypatch):
+    import pandas as pd
+
+    from graphrag_spark import session
+
+    monkeypatch.setattr(session, "_warmed_applications", set())
+    module = "json.tool"  # imported by no task of the project
+    warming = session.warm_python_workers(spark, (module,), "cl100k_base")
+    assert warming is not None
+    warming.join(timeout=120)
+    assert not warming.is_alive()
+    assert session.warm_python_workers(spark, (module,), "cl100k_base") is None  # once per application
+
+    def probe(batches):
+        import sys
+
+        for _ in batches:
+            pass
+        yield pd.DataFrame({"warm": [module in sys.modules]})
+
+    # The warmed worker is idle, so one of the probe's tasks is handed to it.
+    assert any(row.warm for row in spark.range(4, numPartitions=4).mapInPandas(probe, "warm boolean").collect())
+
+
+@pytest.mark.spark
 def test_session_loads_delta_from_jars_by_path(spark):
     conf = spark.sparkContext.getConf()
     assert "io.delta_delta-spark_" in conf.get("spark.jars") and not conf.get("spark.jars.packages", "")

@@ -39,6 +39,7 @@ from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
 from graphrag_spark.llm.stage import StageUsage, append_usage, new_run_id
+from graphrag_spark.session import warm_python_workers
 
 
 def _utcnow() -> datetime:
@@ -466,6 +467,11 @@ def _totals(summary: RunSummary) -> dict:
             "est_cost_usd": float(round(sum(u.est_cost_usd for u in summary.usage), 6))}
 
 
+# What the stages' Python tasks import, per extraction method (imported ahead by the worker warm-up).
+_WORKER_MODULES = {"llm": ("graphrag_spark.index.chunks", "graphrag_spark.llm.stage", "graphrag_spark.index.extract_llm"),
+                   "nlp": ("graphrag_spark.index.chunks", "graphrag_spark.index.extract_nlp")}
+
+
 def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummary:
     """Index ``cfg.input`` into ``cfg.storage``: a full build on a new root (or with ``full``), else a
     refresh of the published index. Holds the root's lock; publishes the result in ``index_runs``.
@@ -476,11 +482,16 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
     while the published run is still the one it was compared with."""
     store = T.TableStore(spark, cfg.storage)
     run_id = new_run_id()
-    checked = None if full else _check_input(spark, cfg, store, run_id)
-    if checked is not None and checked.diff is not None:
-        return checked.summary
-    with runs.IndexLock(store, run_id, cfg.refresh):
-        return _locked_run(spark, cfg, store, run_id, full, checked)
+    warming = warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+    try:
+        checked = None if full else _check_input(spark, cfg, store, run_id)
+        if checked is not None and checked.diff is not None:
+            return checked.summary
+        with runs.IndexLock(store, run_id, cfg.refresh):
+            return _locked_run(spark, cfg, store, run_id, full, checked)
+    finally:
+        if warming is not None:
+            warming.join()
 
 
 def _plan_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool) -> tuple[Run, Row | None]:
