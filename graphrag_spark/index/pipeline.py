@@ -112,10 +112,12 @@ class Run:
 
     def write_cached(self, df: DataFrame, name: str, counted: bool = True) -> int | None:
         """Write ``df`` to ``name`` keeping its rows cached for the later stages; returns the rows written."""
-        frame = T.conform(df, name).persist()
-        rows = self.store.write(frame, name, counted=counted)
-        self.written[name] = frame
-        return rows
+        return self.store.write(self.hold(df, name), name, counted=counted)
+
+    def hold(self, df: DataFrame, name: str) -> DataFrame:
+        """``df`` cached as the rows of ``name`` the later stages read; not written (a later stage writes them)."""
+        self.written[name] = T.conform(df, name).persist()
+        return self.written[name]
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -293,6 +295,9 @@ def graph_stage(run: Run) -> None:
 
     def write(name: str, frame: DataFrame) -> int:
         if run.graph_rows is not None:  # a full build's rows from the driver: written as they are, held cached
+            if _llm_summaries(cfg):  # the summaries write the whole table from the held rows: one write, theirs
+                run.hold(frame, name)
+                return len(run.graph_rows[(T.ENTITIES, T.RELATIONSHIPS).index(name)])
             return run.write_cached(frame, name)
         before = run.before(name)
         if before is not None:  # published numbers kept; new elements numbered after them, in rank order
