@@ -189,15 +189,14 @@ def warm_python_workers(spark: SparkSession, modules: tuple[str, ...], encoding:
     """On a local master, once per application: start Python workers in the background, with ``modules``
     imported and the token ``encoding`` loaded, while the driver's first Delta commits run. A cold
     worker costs the first Python job of a JVM about 3 s, and the LLM client's imports 1 s more, all
-    on an index's critical path. One slot is left to the driver's own jobs. Returns the thread to join
-    (a warm-up that fails costs nothing but the warm-up: the stages start their workers themselves)."""
+    on an index's critical path. One slot is left to the driver's own jobs (so none on ``local[1]``).
+    Returns the thread to join (a failed warm-up costs nothing: the stages start their workers themselves)."""
     if is_connect(spark) or not _is_local(spark.sparkContext.master):
         return None
-    application = spark.sparkContext.applicationId
-    if application in _warmed_applications:
+    application, tasks = spark.sparkContext.applicationId, default_parallelism(spark) - 1
+    if application in _warmed_applications or tasks < 1:  # local[1]: the warm-up would hold the only slot
         return None
     _warmed_applications.add(application)
-    tasks = max(1, default_parallelism(spark) - 1)
 
     def warm() -> None:
         try:

@@ -131,6 +131,9 @@ def test_python_workers_are_warmed_once_per_application_with_the_modules_importe
 
     monkeypatch.setattr(session, "_warmed_applications", set())
     module = "json.tool"  # imported by no task of the project
+    with monkeypatch.context() as single_slot:  # local[1]: no slot to spare, no warm-up
+        single_slot.setattr(session, "default_parallelism", lambda spark: 1)
+        assert session.warm_python_workers(spark, (module,), "cl100k_base") is None
     warming = session.warm_python_workers(spark, (module,), "cl100k_base")
     assert warming is not None
     warming.join(timeout=120)
