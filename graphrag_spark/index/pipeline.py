@@ -487,11 +487,14 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
     while the published run is still the one it was compared with."""
     store = T.TableStore(spark, cfg.storage)
     run_id = new_run_id()
-    warming = warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+    checked = None if full else _check_input(spark, cfg, store, run_id)
+    if checked is not None and checked.diff is not None:
+        return checked.summary
+    # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
+    # at that read needs none.
+    warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+               if checked is None else None)
     try:
-        checked = None if full else _check_input(spark, cfg, store, run_id)
-        if checked is not None and checked.diff is not None:
-            return checked.summary
         with runs.IndexLock(store, run_id, cfg.refresh):
             return _locked_run(spark, cfg, store, run_id, full, checked)
     finally:
