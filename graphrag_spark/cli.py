@@ -184,14 +184,18 @@ def spark_submit_binary() -> str:
 
 def submit_command(job: Job, job_args: list[str], config_path: str, overrides: list[str], verbose: bool) -> list[str]:
     """spark-submit with what the JVM needs before the job starts: Delta's JARs by path, log level, driver memory."""
-    from graphrag_spark.session import local_jars
+    from graphrag_spark.session import local_driver_options, local_jars
 
     cfg = load_config(config_path, overrides)
     command = [spark_submit_binary(), "--jars", ",".join(local_jars(cfg.spark)),
                "--conf", f"spark.log.level={'INFO' if verbose else cfg.spark.log_level}"]
+    local = not cfg.spark.master or cfg.spark.master.startswith("local")
     # The small-machine driver heap only for a local master, unless the config names one.
-    if not cfg.spark.master or cfg.spark.master.startswith("local") or "driver_memory" in cfg.spark.model_fields_set:
+    if local or "driver_memory" in cfg.spark.model_fields_set:
         command += ["--driver-memory", cfg.spark.driver_memory]
+    if local:
+        command += ["--driver-java-options", " ".join(local_driver_options(
+            cfg.spark, cfg.spark.conf.get("spark.driver.extraJavaOptions")))]
     if cfg.spark.master:
         command += ["--master", cfg.spark.master]
     return command + [str(JOBS_DIR / job.script), *job_args]

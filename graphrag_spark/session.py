@@ -146,11 +146,9 @@ def build_spark(cfg: SparkConfig, master: str | None = None, extra_conf: dict[st
     settings = session_settings(cfg, chosen_master, preset, extra_conf)
     if not under_submit and "spark.jars" not in preset:
         settings["spark.jars"] = ",".join(local_jars(cfg))
-        archive = class_archive(cfg) if _is_local(chosen_master) else None
-        if archive is not None and archive.is_file() and "spark.driver.extraJavaOptions" not in preset:
-            # The JVM this process starts maps the classes setup archived: seconds off every start.
+        if _is_local(chosen_master) and "spark.driver.extraJavaOptions" not in preset:
             settings["spark.driver.extraJavaOptions"] = " ".join(
-                filter(None, [settings.get("spark.driver.extraJavaOptions"), *_sharing_options(archive)]))
+                local_driver_options(cfg, settings.get("spark.driver.extraJavaOptions")))
     if _is_local(chosen_master):
         # Local Python workers inherit the driver's environment: this interpreter, one BLAS thread.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -221,6 +219,14 @@ def class_archive(cfg: SparkConfig) -> Path:
     stamp = java.stat().st_mtime_ns if java.exists() else 0
     key = hashlib.sha256("\n".join([str(java), str(stamp), pyspark.__version__]).encode()).hexdigest()[:16]
     return Path(cfg.ivy_cache).expanduser().resolve().parent / "jvm" / f"driver-{key}.jsa"
+
+
+def local_driver_options(cfg: SparkConfig, user_options: str | None = None) -> list[str]:
+    """JVM options of a local driver this process starts: the JIT ``cfg.driver_jit`` names, the user's own
+    options (later, so they win), and the class archive setup made, where it exists."""
+    archive = class_archive(cfg)
+    return [*(["-XX:TieredStopAtLevel=1"] if cfg.driver_jit == "quick" else []), *filter(None, [user_options]),
+            *(_sharing_options(archive) if archive.is_file() else [])]
 
 
 def _sharing_options(archive: Path, create: bool = False) -> list[str]:

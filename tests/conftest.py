@@ -60,7 +60,7 @@ def spark():
     # No UI: eight test sessions may share a machine, and the UI's plan history costs driver heap.
     # The GraphFrames JAR is on the classpath so both graph backends can be compared in one session.
     # local[2,2]: a failed task is retried once, as on a cluster (tests kill Python workers mid-task).
-    session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy"),
+    session = build_spark(SparkConfig(shuffle_partitions=2, ivy_cache=str(REPO / ".cache" / "ivy"), driver_jit="full",
                                       jars=[str(GRAPHFRAMES_JAR)] if GRAPHFRAMES_JAR.is_file() else [],
                                       conf={"spark.ui.enabled": "false"}), master="local[2,2]")
     yield session

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 from graphrag_spark.config import SparkConfig
-from graphrag_spark.session import DELTA_EXTENSION_CLASS, _preset_conf, session_settings
+from graphrag_spark.session import DELTA_EXTENSION_CLASS, _preset_conf, class_archive, session_settings
 
 POISONED = ["com.google.code.findbugs:jsr305:3.0.2", "org.xerial.snappy:snappy-java:1.1.10.7",
             "commons-logging:commons-logging:1.3.0"]
@@ -99,8 +99,6 @@ def test_spark_defaults_conf_counts_as_preset(tmp_path, monkeypatch):
 
 
 def test_the_class_archive_is_named_by_the_jdk_and_pyspark(tmp_path, monkeypatch):
-    from graphrag_spark.session import class_archive
-
     cfg = SparkConfig(ivy_cache=str(tmp_path / "cache" / "ivy"))
     for home in ("jdk-a", "jdk-b"):
         (tmp_path / home / "bin").mkdir(parents=True)
@@ -112,15 +110,44 @@ def test_the_class_archive_is_named_by_the_jdk_and_pyspark(tmp_path, monkeypatch
     assert class_archive(cfg) != first, "another JDK never meets this one's archive"
 
 
+def test_a_local_driver_compiles_with_c1_only_unless_asked_for_the_full_jit(tmp_path):
+    from graphrag_spark.session import local_driver_options
+
+    cfg = SparkConfig(ivy_cache=str(tmp_path / "ivy"))
+    assert local_driver_options(cfg) == ["-XX:TieredStopAtLevel=1"]  # no archive made under tmp_path
+    # The user's own options come after ours, so a JIT flag of theirs wins.
+    assert local_driver_options(cfg, "-XX:TieredStopAtLevel=4 -Dx=1") == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4 -Dx=1"]
+    assert local_driver_options(SparkConfig(ivy_cache=str(tmp_path / "ivy"), driver_jit="full")) == []
+    archive = class_archive(cfg)
+    archive.parent.mkdir(parents=True)
+    archive.touch()
+    assert local_driver_options(cfg)[-2:] == [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=off"]
+
+
+def test_the_cli_passes_the_local_driver_options_to_spark_submit_and_none_to_a_cluster(tmp_path):
+    from graphrag_spark.cli import JOBS, submit_command
+    from graphrag_spark.session import local_driver_options
+
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"spark:\n  ivy_cache: {REPO / '.cache' / 'ivy'}\n", encoding="utf-8")
+    local = submit_command(JOBS["index"], [], str(settings), [], verbose=False)
+    options = local[local.index("--driver-java-options") + 1]
+    assert options == " ".join(local_driver_options(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy"))))
+    assert "-XX:TieredStopAtLevel=1" in options
+    remote = submit_command(JOBS["index"], [], str(settings), ["spark.master=spark://host:7077"], verbose=False)
+    assert "--driver-java-options" not in remote
+
+
 @pytest.mark.spark
 def test_a_local_session_maps_the_class_archive_setup_made(spark):
-    from graphrag_spark.session import class_archive
-
     archive = class_archive(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy")))
     options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    # The test session lives for the whole suite: the full JIT (C2) pays for itself there.
+    arguments = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-XX:TieredStopAtLevel=1" not in arguments
     if not archive.is_file():
         pytest.skip(f"no class archive at {archive} (scripts/setup.sh makes it)")
-    assert f"-XX:SharedArchiveFile={archive}" in options
+    assert f"-XX:SharedArchiveFile={archive}" in options and f"-XX:SharedArchiveFile={archive}" in arguments
 
 
 @pytest.mark.spark
