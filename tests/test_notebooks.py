@@ -126,3 +126,15 @@ def test_ask_notebook_on_databricks_takes_its_key_from_the_secret_scope(spark, i
     assert len(answers) == len(ns["index"].levels()) + 3 and all("[Data: " in a for a in answers)
     out = capsys.readouterr()
     assert secret not in out.out + out.err and "[Data: " not in out.out
+
+
+@pytest.mark.parametrize("overrides, jit", [("", "full"), ("spark.driver_jit=quick", "quick")])
+def test_a_notebook_without_a_session_starts_one_with_the_full_jit_unless_configured(monkeypatch, overrides, jit):
+    import graphrag_spark.session
+    from graphrag_spark.query import notebook
+
+    built = []
+    monkeypatch.setenv("GRAPHRAG_SET", overrides)
+    monkeypatch.setattr(graphrag_spark.session, "build_spark", lambda cfg: built.append(cfg.driver_jit) or "session")
+    monkeypatch.setattr(notebook.GraphRagIndex, "load", classmethod(lambda cls, spark, cfg: (spark, cfg)))
+    assert notebook.open_index({})[0] == "session" and built == [jit]

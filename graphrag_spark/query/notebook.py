@@ -59,6 +59,8 @@ def open_index(notebook_globals: dict) -> GraphRagIndex:
     if spark is None:
         from graphrag_spark.session import build_spark
 
+        if "driver_jit" not in cfg.spark.model_fields_set:  # a notebook's session lives for hours
+            cfg.spark.driver_jit = "full"
         spark = build_spark(cfg.spark)
     return GraphRagIndex.load(spark, cfg)
 
