@@ -193,9 +193,9 @@ def submit_command(job: Job, job_args: list[str], config_path: str, overrides: l
     # The small-machine driver heap only for a local master, unless the config names one.
     if local or "driver_memory" in cfg.spark.model_fields_set:
         command += ["--driver-memory", cfg.spark.driver_memory]
-    if local:
-        command += ["--driver-java-options", " ".join(local_driver_options(
-            cfg.spark, cfg.spark.conf.get("spark.driver.extraJavaOptions")))]
+    options = local_driver_options(cfg.spark, cfg.spark.conf.get("spark.driver.extraJavaOptions")) if local else []
+    if options:
+        command += ["--driver-java-options", " ".join(options)]
     if cfg.spark.master:
         command += ["--master", cfg.spark.master]
     return command + [str(JOBS_DIR / job.script), *job_args]

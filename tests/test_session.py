@@ -136,6 +136,10 @@ def test_the_cli_passes_the_local_driver_options_to_spark_submit_and_none_to_a_c
     assert "-XX:TieredStopAtLevel=1" in options
     remote = submit_command(JOBS["index"], [], str(settings), ["spark.master=spark://host:7077"], verbose=False)
     assert "--driver-java-options" not in remote
+    (tmp_path / "ivy").mkdir()  # no class archive there: the full JIT has no option to pass, and passes none
+    bare = submit_command(JOBS["index"], [], str(settings), [f"spark.ivy_cache={tmp_path / 'ivy'}", "spark.driver_jit=full"],
+                          verbose=False)
+    assert "--driver-java-options" not in bare and "--driver-memory" in bare
 
 
 @pytest.mark.spark
