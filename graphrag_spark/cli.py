@@ -184,7 +184,7 @@ def spark_submit_binary() -> str:
 
 def submit_command(job: Job, job_args: list[str], config_path: str, overrides: list[str], verbose: bool) -> list[str]:
     """spark-submit with what the JVM needs before the job starts: Delta's JARs by path, log level, driver memory."""
-    from graphrag_spark.session import local_driver_options, local_jars
+    from graphrag_spark.session import _preset_conf, local_driver_options, local_jars
 
     cfg = load_config(config_path, overrides)
     command = [spark_submit_binary(), "--jars", ",".join(local_jars(cfg.spark)),
@@ -193,7 +193,9 @@ def submit_command(job: Job, job_args: list[str], config_path: str, overrides: l
     # The small-machine driver heap only for a local master, unless the config names one.
     if local or "driver_memory" in cfg.spark.model_fields_set:
         command += ["--driver-memory", cfg.spark.driver_memory]
-    options = local_driver_options(cfg.spark, cfg.spark.conf.get("spark.driver.extraJavaOptions")) if local else []
+    # As build_spark: never over driver options spark-defaults.conf already sets.
+    ours = local and "spark.driver.extraJavaOptions" not in _preset_conf(under_submit=False)
+    options = local_driver_options(cfg.spark, cfg.spark.conf.get("spark.driver.extraJavaOptions")) if ours else []
     if options:
         command += ["--driver-java-options", " ".join(options)]
     if cfg.spark.master:

@@ -142,6 +142,17 @@ def test_the_cli_passes_the_local_driver_options_to_spark_submit_and_none_to_a_c
     assert "--driver-java-options" not in bare and "--driver-memory" in bare
 
 
+
+def test_the_cli_keeps_the_driver_options_spark_defaults_set(tmp_path, monkeypatch):
+    from graphrag_spark.cli import JOBS, submit_command
+
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Dmine=1\n", encoding="utf-8")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(f"spark:\n  ivy_cache: {REPO / '.cache' / 'ivy'}\n", encoding="utf-8")
+    assert "--driver-java-options" not in submit_command(JOBS["index"], [], str(settings), [], verbose=False)
+
+
 @pytest.mark.spark
 def test_a_local_session_maps_the_class_archive_setup_made(spark):
     archive = class_archive(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy")))
