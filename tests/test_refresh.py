@@ -64,35 +64,66 @@ def _membership(store, level):
     return {r.e: r.community for r in rows.collect()}
 
 
-def test_two_jobs_racing_for_a_root_one_wins_the_other_is_told_who(spark, tmp_path):
+def test_two_jobs_racing_for_a_root_one_wins_the_other_is_told_who(spark, tmp_path, monkeypatch):
     from graphrag_spark.config import StorageConfig
 
     store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
     cfg = RefreshConfig(lock_heartbeat_s=60)
-    barrier, outcomes = threading.Barrier(2), {}
 
-    def take(run_id):
-        lock = runs.IndexLock(store, run_id, cfg, job=f"job {run_id}")
-        barrier.wait()
-        try:
-            lock.acquire()
-            outcomes[run_id] = lock
-        except runs.RootLocked as exc:
-            outcomes[run_id] = str(exc)
+    def race(round_):
+        barrier, outcomes = threading.Barrier(2), {}
 
-    threads = [threading.Thread(target=take, args=(f"run-{i}",)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    winners = [k for k, v in outcomes.items() if isinstance(v, runs.IndexLock)]
-    assert len(winners) == 1, outcomes
-    loser = next(v for v in outcomes.values() if isinstance(v, str))
-    assert winners[0] in loser and f"job {winners[0]}" in loser and loser.startswith("Another index job is running")
-    outcomes[winners[0]].release()
+        def take(run_id):
+            lock = runs.IndexLock(store, run_id, cfg, job=f"job {run_id}")
+            barrier.wait()
+            try:
+                lock.acquire()
+                outcomes[run_id] = lock
+            except runs.RootLocked as exc:
+                outcomes[run_id] = str(exc)
+
+        threads = [threading.Thread(target=take, args=(f"run-{round_}-{i}",)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [k for k, v in outcomes.items() if isinstance(v, runs.IndexLock)]
+        assert len(winners) == 1, outcomes
+        loser = next(v for v in outcomes.values() if isinstance(v, str))
+        assert winners[0] in loser and f"job {winners[0]}" in loser and loser.startswith("Another index job is running")
+        outcomes[winners[0]].release()
+
+    race(0)  # a new root: both create the lock table, one commit wins
+    race(1)  # a free lock: both swap it from free, one commit wins
+    # A free lock is taken with one commit, no read of its holder first.
+    holder_reads = []
+    original = runs.IndexLock.holder
+    monkeypatch.setattr(runs.IndexLock, "holder", lambda self: holder_reads.append(1) or original(self))
     again = runs.IndexLock(store, "run-2", cfg)
-    again.acquire()  # released: free again
+    again.acquire()
     again.release()
+    assert holder_reads == []
+    assert store.read(T.INDEX_LOCK).where(F.col("run_id").isNotNull()).count() == 0
+
+
+def test_a_full_build_reads_its_files_while_it_takes_the_lock(spark, make_config, monkeypatch):
+    from graphrag_spark.index import pipeline
+
+    class Stopped(Exception):
+        pass
+
+    reading, seen = threading.Event(), {}
+    original = pipeline.build_documents
+    monkeypatch.setattr(pipeline, "build_documents", lambda *args: reading.set() or original(*args))
+
+    def acquire(lock):
+        seen["reading"] = reading.wait(30)
+        raise Stopped
+
+    monkeypatch.setattr(runs.IndexLock, "acquire", acquire)
+    with pytest.raises(Stopped):
+        run_index(spark, make_config())
+    assert seen["reading"], "the input is read before the lock is taken, not after"
 
 
 def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(spark, make_config, tmp_path):

@@ -95,6 +95,9 @@ class Run:
     # The input (documents, rejects, counts) as read before the lock and found to differ from the
     # published run's: the documents stage neither reads nor compares it again.
     input_read: tuple[DataFrame, DataFrame, dict] | None = None
+    # A full build's file input, read in a thread of its own while the lock was taken: the documents stage
+    # takes its result (a file read depends on no published state).
+    input_ahead: Future | None = None
     changed: dict[str, DataFrame | None] = field(default_factory=dict)  # None: every row is new (a full build)
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
@@ -212,6 +215,8 @@ def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataF
     published documents with only the rows changed since the processed version applied."""
     if run.input_read is not None:
         return run.input_read
+    if run.input_ahead is not None:
+        return run.input_ahead.result()
     cfg = run.cfg.input
     if cfg.format not in ("delta", "table"):
         return build_documents(run.spark, cfg)
@@ -487,7 +492,8 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
     while the published run is still the one it was compared with."""
     store = T.TableStore(spark, cfg.storage)
     run_id = new_run_id()
-    checked = None if full else _check_input(spark, cfg, store, run_id)
+    ahead = _read_input_ahead(spark, cfg)
+    checked = None if full else _check_input(spark, cfg, store, run_id, ahead)
     if checked is not None and checked.diff is not None:
         return checked.summary
     # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
@@ -496,10 +502,23 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
                if checked is None else None)
     try:
         with runs.IndexLock(store, run_id, cfg.refresh):
-            return _locked_run(spark, cfg, store, run_id, full, checked)
+            return _locked_run(spark, cfg, store, run_id, full, checked, ahead)
     finally:
         if warming is not None:
             warming.join()
+
+
+def _read_input_ahead(spark: SparkSession, cfg: Config) -> Future | None:
+    """A file input's documents, read in a thread of their own from the start of the run: the files read
+    the same whatever the published run, so the read overlaps the lookup of that run and the lock
+    (a table input's read depends on the version the published run processed). None for a table."""
+    if cfg.input.format in ("delta", "table"):
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="input")
+    try:
+        return pool.submit(inheriting(spark, build_documents), spark, cfg.input)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _plan_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool) -> tuple[Run, Row | None]:
@@ -517,36 +536,34 @@ def _plan_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str
     return run, published
 
 
-def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str) -> Run | None:
-    """A refresh's input read and compared with the published documents, without the lock; its ``diff``
-    is set only where nothing changed. None for a full build."""
+def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str,
+                 ahead: Future | None) -> Run | None:
+    """A refresh's input read (``ahead``, or the table's) and compared with the published documents,
+    without the lock; its ``diff`` is set only where nothing changed. None for a full build."""
     if not store.exists(T.INDEX_RUNS):
         return None  # a new root
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="input") as pool:
-        # Files read the same whatever the published run: parsed while it is looked up (a table input's
-        # read depends on the version that run processed).
-        ahead = (pool.submit(inheriting(spark, build_documents), spark, cfg.input)
-                 if cfg.input.format not in ("delta", "table") else None)
-        run, _ = _plan_run(spark, cfg, store, run_id, full=False)
-        if run.previous is None:
-            return None
-        with run.summary.stage("input_check"):
-            run.input_read = ahead.result() if ahead is not None else read_documents(run, run.before(T.DOCUMENTS))
-            documents, rejects, counts = run.input_read
-            if counts["documents"] and _as_published(run, documents, rejects):
-                run.diff = _unchanged_diff(run, counts)
-                run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
-                                                         "no lock taken, nothing written")
+    run, _ = _plan_run(spark, cfg, store, run_id, full=False)
+    if run.previous is None:
+        return None
+    with run.summary.stage("input_check"):
+        run.input_read = ahead.result() if ahead is not None else read_documents(run, run.before(T.DOCUMENTS))
+        documents, rejects, counts = run.input_read
+        if counts["documents"] and _as_published(run, documents, rejects):
+            run.diff = _unchanged_diff(run, counts)
+            run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
+                                                     "no lock taken, nothing written")
     return run
 
 
 def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: str, full: bool,
-                checked: Run | None) -> RunSummary:
+                checked: Run | None, ahead: Future | None) -> RunSummary:
     run, published = _plan_run(spark, cfg, store, run_id, full)
     summary, fingerprint = run.summary, runs.config_fingerprint(cfg)
     if checked is not None and run.previous is not None and run.published_run_id == checked.published_run_id:
         run.input_read, run.source_version = checked.input_read, checked.source_version
         summary.seconds.update(checked.summary.seconds)
+    elif run.previous is None:
+        run.input_ahead = ahead
     started = _utcnow()
     common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
               "config_fingerprint": fingerprint}

@@ -107,33 +107,40 @@ class IndexLock:
             return True
         return holder["host"] == socket.gethostname() and not _pid_alive(int(holder["pid"]))
 
-    def _try_take(self) -> tuple[bool, Row | None]:
-        """(whether this run now holds the lock, the holder otherwise: None if it was just released)."""
-        holder = self.holder()
-        if holder is not None and not self._stale(holder):
-            return False, holder
-        expected = "IS NULL" if holder is None else f"= {_sql_string(holder['run_id'])}"
+    def _swap(self, expected: str) -> bool:
+        """Compare-and-swap: the row becomes this run's only if its ``run_id`` is still ``expected`` (a SQL
+        predicate); Delta rejects the second of two concurrent rewrites of the row. An UPDATE, not a MERGE:
+        Delta logs every failed MERGE at ERROR with a stack trace, which the losing job would print before
+        its one sentence. True if the row is this run's now."""
         try:
-            # Compare-and-swap: only if the row still names the holder we saw; Delta rejects the second
-            # of two concurrent rewrites of the row. An UPDATE, not a MERGE: Delta logs every failed
-            # MERGE at ERROR with a stack trace, which the losing job would print before its one sentence.
             updated = self.store.spark.sql(
                 f"UPDATE {self.store.sql_name(T.INDEX_LOCK)} SET run_id = {_sql_string(self.run_id)}, "
                 f"job = {_sql_string(self.job)}, host = {_sql_string(socket.gethostname())}, pid = {os.getpid()}, "
                 "acquired_at = current_timestamp(), heartbeat_at = current_timestamp() "
                 f"WHERE lock = '{LOCK_KEY}' AND run_id {expected}").collect()
-            if updated and updated[0][0] == 1:  # num_affected_rows: the row named whom we saw, and is ours now
-                return True, None
         except Exception as exc:  # noqa: BLE001
             if not _is_conflict(exc):
                 raise
+            return False
+        return bool(updated) and updated[0][0] == 1  # num_affected_rows
+
+    def _try_take(self) -> tuple[bool, Row | None]:
+        """(whether this run now holds the lock, the holder otherwise: None if it was just released)."""
+        holder = self.holder()
+        if holder is not None and holder["run_id"] == self.run_id:  # a swap that reported failure had committed
+            return True, None
+        if holder is not None and not self._stale(holder):
+            return False, holder
+        if self._swap("IS NULL" if holder is None else f"= {_sql_string(holder['run_id'])}"):
+            return True, None
         holder = self.holder()
         taken = holder is not None and holder["run_id"] == self.run_id
         return taken, None if taken else holder
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.cfg.lock_wait_s
-        taken = self._create_taken()
+        # A free lock (the usual case) is taken with one commit and no read of its holder first.
+        taken = self._create_taken() or self._swap("IS NULL")
         while not taken:
             taken, holder = self._try_take()
             if taken:
