@@ -6,6 +6,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.index import runs
 from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.query.global_search import offline_global_search
 
@@ -29,6 +30,13 @@ def test_every_table_is_delta_with_the_declared_schema(index):
                  T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES, T.COMMUNITY_REPORTS):
         assert store.exists(name), name
         assert [f.name for f in store.read(name).schema.fields] == [f.name for f in T.SCHEMAS[name].fields]
+
+
+def test_the_run_publishes_every_table_at_its_latest_version(index):
+    # Versions are read as each table's last writing stage ends, while other stages run: none is
+    # written after that.
+    _, store, _ = index
+    assert dict(runs.published_run(store)["table_versions"]) == runs.current_versions(store)
 
 
 def test_every_table_is_created_with_the_project_checkpoint_interval(spark, index):

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from graphrag_spark import tables as T
 from graphrag_spark.config import load_config
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.index import graph
+from graphrag_spark.index import graph, runs
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents
 from graphrag_spark.index.extraction import extract_llm_instances
@@ -120,6 +120,9 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     assert stats["served"]["chat"] > 0
     assert max(stats["served_hashes"].values()) == 1, "no call was repeated"
     assert not (Path(cfg.storage.root) / T.SCRATCH).exists(), "the run's checkpoint tables are removed after it succeeds"
+    # Each table published at its latest version (read as its last writing stage ends: the graph's
+    # tables after the summaries rewrote them).
+    assert dict(runs.published_run(store)["table_versions"]) == runs.current_versions(store)
     assert summary.counts["entities"] > 10 and summary.counts["relationships"] > 5 and summary.counts["claims"] > 0
     assert store.read(T.ENTITY_INSTANCES).where(F.col("method") == "llm").count() > 0
     usage = {u.stage: u for u in summary.usage}

@@ -658,12 +658,19 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     """Every applicable stage, overlapping where they are independent; returns the table versions to publish."""
     stages = tuple(stage for stage in STAGES if stage.applies(run.cfg))
     pools = not is_connect(run.spark)
+    last_writer = {name: stage.name for stage in stages for name in stage.outputs}  # a later writer wins
+    final_versions: dict[str, Future] = {}
 
     def start(stage: Stage) -> None:
         if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
             run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
         with run.summary.stage(stage.name):
             stage.run(run)
+        # Tables no later stage writes are final now: their versions are read while the other stages
+        # run, not one after the other once all are done.
+        for name in stage.outputs:
+            if last_writer[name] == stage.name:
+                final_versions[name] = reading.submit(run.store.version_or_none, name)
 
     def nothing_changed(stage: Stage) -> bool:
         # The published content again: nothing downstream can change (0 calls).
@@ -674,7 +681,8 @@ def _run_stages(run: Run, published) -> dict[str, int]:
             run.spark.sparkContext.cancelAllJobs()
 
     started = time.perf_counter()
-    finished = run_stages(stages, start, nothing_changed, cancel)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="table-version") as reading:
+        finished = run_stages(stages, start, nothing_changed, cancel)
     run.summary.wall_s = round(time.perf_counter() - started, 2)
     if not finished:
         # The other tables stay published as they are, whatever a failed run may have written since.
@@ -682,7 +690,7 @@ def _run_stages(run: Run, published) -> dict[str, int]:
         documents = next(stage for stage in stages if stage.name == "documents")
         written = documents.outputs if run.documents_written else ()
         return {**dict(published["table_versions"]), **{name: run.store.version(name) for name in written}}
-    return runs.current_versions(run.store)
+    return runs.current_versions(run.store, {name: version.result() for name, version in final_versions.items()})
 
 
 def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary,
