@@ -135,6 +135,8 @@ class Run:
 class Stage:
     name: str
     inputs: tuple[str, ...]
+    # Every published table the stage writes: the run reads the version it publishes of a table as soon
+    # as the last stage that lists it ends.
     outputs: tuple[str, ...]
     incremental: str  # what a refresh recomputes and what it keeps
     run: Callable[[Run], None]
