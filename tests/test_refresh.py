@@ -106,15 +106,23 @@ def test_two_jobs_racing_for_a_root_one_wins_the_other_is_told_who(spark, tmp_pa
     assert store.read(T.INDEX_LOCK).where(F.col("run_id").isNotNull()).count() == 0
 
 
-def test_a_full_build_reads_its_files_while_it_takes_the_lock(spark, make_config, monkeypatch):
+def test_a_full_build_reads_its_files_while_it_takes_the_lock_and_leaves_no_read_behind(spark, make_config, monkeypatch):
     from graphrag_spark.index import pipeline
 
     class Stopped(Exception):
         pass
 
-    reading, seen = threading.Event(), {}
+    reading, read, seen = threading.Event(), threading.Event(), {}
     original = pipeline.build_documents
-    monkeypatch.setattr(pipeline, "build_documents", lambda *args: reading.set() or original(*args))
+
+    def build_documents(*args):
+        reading.set()
+        try:
+            return original(*args)
+        finally:
+            read.set()
+
+    monkeypatch.setattr(pipeline, "build_documents", build_documents)
 
     def acquire(lock):
         seen["reading"] = reading.wait(30)
@@ -124,6 +132,7 @@ def test_a_full_build_reads_its_files_while_it_takes_the_lock(spark, make_config
     with pytest.raises(Stopped):
         run_index(spark, make_config())
     assert seen["reading"], "the input is read before the lock is taken, not after"
+    assert read.is_set(), "a run that ends early leaves no read running behind it"
 
 
 def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(spark, make_config, tmp_path):

@@ -494,20 +494,23 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
     while the published run is still the one it was compared with."""
     store = T.TableStore(spark, cfg.storage)
     run_id = new_run_id()
-    ahead = _read_input_ahead(spark, cfg)
-    checked = None if full else _check_input(spark, cfg, store, run_id, ahead)
-    if checked is not None and checked.diff is not None:
-        return checked.summary
-    # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
-    # at that read needs none.
-    warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
-               if checked is None else None)
+    ahead, warming = _read_input_ahead(spark, cfg), None
     try:
+        checked = None if full else _check_input(spark, cfg, store, run_id, ahead)
+        if checked is not None and checked.diff is not None:
+            return checked.summary
+        # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
+        # at that read needs none.
+        warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+                   if checked is None else None)
         with runs.IndexLock(store, run_id, cfg.refresh):
             return _locked_run(spark, cfg, store, run_id, full, checked, ahead)
     finally:
+        # A run that ends early (the root locked, say) leaves none of its Spark jobs running behind it.
         if warming is not None:
             warming.join()
+        if ahead is not None:
+            wait([ahead])
 
 
 def _read_input_ahead(spark: SparkSession, cfg: Config) -> Future | None:
