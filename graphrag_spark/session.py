@@ -221,11 +221,17 @@ def class_archive(cfg: SparkConfig) -> Path:
     return Path(cfg.ivy_cache).expanduser().resolve().parent / "jvm" / f"driver-{key}.jsa"
 
 
+# C1 only, with the code cache the tiered JIT would have: a JVM held to C1 shrinks it to 48 MB, which a
+# driver's compiled code fills within minutes; the JVM then stops compiling, runs interpreted at a
+# quarter of its speed, and fails ("Out of space in CodeCache for adapters").
+C1_ONLY = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
+
+
 def local_driver_options(cfg: SparkConfig, user_options: str | None = None) -> list[str]:
     """JVM options of a local driver this process starts: the JIT ``cfg.driver_jit`` names, the user's own
     options (later, so they win), and the class archive setup made, where it exists."""
     archive = class_archive(cfg)
-    return [*(["-XX:TieredStopAtLevel=1"] if cfg.driver_jit == "quick" else []), *filter(None, [user_options]),
+    return [*(C1_ONLY if cfg.driver_jit == "quick" else []), *filter(None, [user_options]),
             *(_sharing_options(archive) if archive.is_file() else [])]
 
 

@@ -62,7 +62,7 @@ def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) ->
         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
         "--master", "local[2]", "--driver-memory", "2g",
         # It serves one test module, then exits: C1 only, as for a local job's driver (spark.driver_jit).
-        "--driver-java-options", "-XX:TieredStopAtLevel=1",
+        "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
         "--jars", ",".join(server_jars(spark_home, ivy_cache)),
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",

@@ -114,10 +114,16 @@ def test_a_local_driver_compiles_with_c1_only_unless_asked_for_the_full_jit(tmp_
     from graphrag_spark.session import local_driver_options
 
     cfg = SparkConfig(ivy_cache=str(tmp_path / "ivy"))
-    assert local_driver_options(cfg) == ["-XX:TieredStopAtLevel=1"]  # no archive made under tmp_path
+    c1_only = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]  # C1 alone would shrink the cache to 48 MB
+    assert local_driver_options(cfg) == c1_only  # no archive made under tmp_path
     # The user's own options come after ours, so a JIT flag of theirs wins.
-    assert local_driver_options(cfg, "-XX:TieredStopAtLevel=4 -Dx=1") == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4 -Dx=1"]
+    assert local_driver_options(cfg, "-XX:TieredStopAtLevel=4 -Dx=1") == [*c1_only, "-XX:TieredStopAtLevel=4 -Dx=1"]
     assert local_driver_options(SparkConfig(ivy_cache=str(tmp_path / "ivy"), driver_jit="full")) == []
+    # The JVM held to C1 keeps the tiered JIT's code cache (its own default would be 48 MB).
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    flags = subprocess.run([str(java), *c1_only, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True).stdout
+    reserved = next(line.split("=")[1].split()[0] for line in flags.splitlines() if " ReservedCodeCacheSize " in line)
+    assert int(reserved) == 240 * 1024 * 1024
     archive = class_archive(cfg)
     archive.parent.mkdir(parents=True)
     archive.touch()
@@ -133,7 +139,7 @@ def test_the_cli_passes_the_local_driver_options_to_spark_submit_and_none_to_a_c
     local = submit_command(JOBS["index"], [], str(settings), [], verbose=False)
     options = local[local.index("--driver-java-options") + 1]
     assert options == " ".join(local_driver_options(SparkConfig(ivy_cache=str(REPO / ".cache" / "ivy"))))
-    assert "-XX:TieredStopAtLevel=1" in options
+    assert "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m" in options
     remote = submit_command(JOBS["index"], [], str(settings), ["spark.master=spark://host:7077"], verbose=False)
     assert "--driver-java-options" not in remote
     (tmp_path / "ivy").mkdir()  # no class archive there: the full JIT has no option to pass, and passes none
