@@ -22,7 +22,7 @@ import pyspark
 
 from graphrag_spark.config import SparkConfig
 from graphrag_spark.jars import resolve_jars, scala_version
-from graphrag_spark.session import local_jars
+from graphrag_spark.session import C1_ONLY, local_jars
 
 # Maven Central, as reached from here, lists spark-connect_2.12 up to 3.5.7 (3.5.9's POM is not found). One 3.5
 # Connect protocol: this server JAR on pyspark 3.5.9's Spark JARs serves a pyspark 3.5.9 client.
@@ -62,7 +62,7 @@ def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) ->
         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
         "--master", "local[2]", "--driver-memory", "2g",
         # It serves one test module, then exits: C1 only, as for a local job's driver (spark.driver_jit).
-        "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
+        "--driver-java-options", " ".join(C1_ONLY),
         "--jars", ",".join(server_jars(spark_home, ivy_cache)),
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
