@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import importlib
 import os
+import pickle
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
+import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +25,14 @@ SAMPLE_CORPUS = REPO / "data" / "sample"
 GRAPHFRAMES_JAR = SHARED / "jars" / "graphframes-spark4_2.13-0.11.0.jar"
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# A folder that every process of this test run shares: scripts/test.sh runs two pytest-xdist workers, which
+# inherit the variable from their controller (or a plain pytest process makes its own).
+_RUN_DIR_VARIABLE = "GRAPHRAG_SPARK_TEST_RUN_DIR"
+_IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+if not _IN_WORKER:
+    os.environ[_RUN_DIR_VARIABLE] = tempfile.mkdtemp(prefix="graphrag-spark-test-run-")
+_run_dir = Path(os.environ[_RUN_DIR_VARIABLE])
 
 
 def in_ci() -> bool:
@@ -82,24 +95,36 @@ def make_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def sample_index(spark, tmp_path_factory):
-    """The offline index of data/sample, built once per test session: (config, run summary)."""
+    """The offline index of data/sample, built once per test run: (config, run summary). Each test process
+    gets a copy of its own (tests write next to it), so under xdist the first worker to need it builds it,
+    under a file lock, and the other copies it: a Delta table's log names its files relative to the table."""
     from graphrag_spark.config import load_config
     from graphrag_spark.index.pipeline import run_index
 
+    def config(root: Path):
+        return load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={SAMPLE_CORPUS}",
+                                                         f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
+
+    built, summary_file = _run_dir / "sample-index", _run_dir / "sample-index.pickle"
+    with (_run_dir / "sample-index.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not summary_file.exists():
+            summary_file.write_bytes(pickle.dumps(run_index(spark, config(built))))
     root = tmp_path_factory.mktemp("sample") / "index"
-    cfg = load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}", f"input.path={SAMPLE_CORPUS}",
-                                                     f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
-    return cfg, run_index(spark, cfg)
+    shutil.copytree(built, root)
+    return config(root), pickle.loads(summary_file.read_bytes())
 
 
 # Early jobs: a test module may define ``EARLY_JOB(workdir)``, work done in other processes only (a Spark
 # Connect server and its client, say) that takes minutes. It starts in a background thread as soon as
 # the module's tests are collected, so its processes run while the in-process tests do; those modules
 # run last, and their ``early_result`` fixture waits for the job's value (or its exception).
+# Under pytest-xdist the controller starts the jobs, once, when the first worker has collected; the value
+# reaches the worker that runs the module as a pickle in the run's shared folder.
 _early_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="early-job")
 _early: dict[str, Future] = {}
-_early_dir = Path(tempfile.mkdtemp(prefix="graphrag-spark-early-"))
 _early_processes: list[subprocess.Popen] = []
+_EARLY_JOB_TIMEOUT_S = 3600
 
 
 def track(process: subprocess.Popen) -> subprocess.Popen:
@@ -120,20 +145,69 @@ def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.Comp
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+# Seconds the longest modules took in one pytest process (CI, 2 cores). xdist hands out whole files in
+# collection order (scripts/test.sh turns off its reordering by test count), so the longest go first and
+# the two workers end together. A stale figure costs minutes, never a result.
+_MODULE_SECONDS = {"test_refresh": 330, "test_refresh_llm": 270, "test_bad_input": 260, "test_llm_index": 240,
+                   "test_embedding_cache": 230, "test_raptor_spark": 130, "test_evaluation_e2e": 110,
+                   "test_graph_driver": 100, "test_cluster": 90, "test_compat": 85, "test_llm_stage": 80,
+                   "test_secret_leak": 60, "test_graph_spark": 60, "test_checkpoint": 55, "test_session": 55,
+                   "test_graph_backend": 45}
+
+
 def pytest_collection_modifyitems(items):
-    """Modules with an early job run last, when their job is done, not waiting for it at their turn."""
-    items.sort(key=lambda item: getattr(getattr(item, "module", None), "EARLY_JOB", None) is not None)
+    """The longest modules first; modules with an early job last, when their job is done, not waiting for it
+    at their turn. The sort is stable: a module's tests, and the unlisted modules, keep their order."""
+    def order(item):
+        module = getattr(item, "module", None)
+        return getattr(module, "EARLY_JOB", None) is not None, -_MODULE_SECONDS.get(getattr(module, "__name__", ""), 0)
+    items.sort(key=order)
+
+
+def _early_outcome_file(module_name: str) -> Path:
+    return _run_dir / f"{module_name}.pickle"
+
+
+def _run_early_job(module_name: str, job, workdir: Path) -> None:
+    """Run one early job and leave its value, or its exception, where any worker can read it."""
+    try:
+        outcome = ("value", job(workdir))
+    except BaseException as exc:  # noqa: BLE001 - handed to the module's tests, which fail with it
+        outcome = ("error", exc)
+    try:
+        payload = pickle.dumps(outcome)
+        pickle.loads(payload)  # an exception class that cannot be rebuilt fails here, not in the worker
+    except Exception as exc:  # noqa: BLE001
+        detail = "".join(traceback.format_exception(outcome[1])) if outcome[0] == "error" else repr(exc)
+        payload = pickle.dumps(("error", RuntimeError(f"early job of {module_name} ({outcome[0]} not picklable):\n"
+                                                      f"{detail}")))
+    partial = _run_dir / f"{module_name}.partial"
+    partial.write_bytes(payload)
+    partial.replace(_early_outcome_file(module_name))
+
+
+def _start_early_jobs(modules) -> None:
+    for module in dict.fromkeys(modules):
+        job = getattr(module, "EARLY_JOB", None)
+        if job is not None and module.__name__ not in _early:
+            workdir = _run_dir / module.__name__
+            workdir.mkdir()
+            _early[module.__name__] = _early_pool.submit(_run_early_job, module.__name__, job, workdir)
 
 
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or _IN_WORKER:
         return
-    for module in dict.fromkeys(item.module for item in session.items if hasattr(item, "module")):
-        job = getattr(module, "EARLY_JOB", None)
-        if job is not None and module.__name__ not in _early:
-            workdir = _early_dir / module.__name__
-            workdir.mkdir()
-            _early[module.__name__] = _early_pool.submit(job, workdir)
+    _start_early_jobs(item.module for item in session.items if hasattr(item, "module"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The xdist controller collects nothing itself: the first worker's collection names the modules."""
+    if _early:
+        return
+    files = dict.fromkeys(nodeid.split("::", 1)[0] for nodeid in ids)
+    _start_early_jobs(importlib.import_module(Path(file).stem) for file in files)
 
 
 def pytest_sessionfinish(session):
@@ -141,10 +215,22 @@ def pytest_sessionfinish(session):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     _early_pool.shutdown(wait=True, cancel_futures=True)
-    shutil.rmtree(_early_dir, ignore_errors=True)
+    if not _IN_WORKER:
+        shutil.rmtree(_run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def early_result(request):
-    """The value of this module's EARLY_JOB, started at collection."""
-    return _early[request.module.__name__].result()
+    """The value of this module's EARLY_JOB, started at collection (by this process or the xdist controller)."""
+    name = request.module.__name__
+    if name in _early:
+        _early[name].result()
+    outcome_file, deadline = _early_outcome_file(name), time.monotonic() + _EARLY_JOB_TIMEOUT_S
+    while not outcome_file.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the early job of {name} left no outcome in {_EARLY_JOB_TIMEOUT_S} s ({outcome_file})")
+        time.sleep(1)
+    kind, value = pickle.loads(outcome_file.read_bytes())
+    if kind == "error":
+        raise value
+    return value

@@ -91,6 +91,7 @@ class StandaloneCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+        self.processes.clear()  # all ended; a stopped cluster's record also travels to a test worker (pickled)
 
 
 def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
