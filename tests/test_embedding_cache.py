@@ -154,3 +154,18 @@ def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_fail
         tables = _tables(store)
         assert tables[T.TEXT_UNIT_EMBEDDINGS]["u1"] == tables[T.TEXT_UNIT_EMBEDDINGS]["u3"]
         assert store.read(T.EMBEDDING_CACHE).count() == 7
+
+
+def test_executor_tasks_in_waves_share_the_budget_of_the_tasks_that_run_at_once(spark, make_config):
+    """Eight embedding tasks on two slots run in four waves: each task throttles to half the budget (the two
+    that run at once), not an eighth, so the endpoint sees about the configured rate (an eighth each: a quarter)."""
+    assert embed.task_share(spark, 8) == 0.5 and embed.task_share(spark, 1) == 1.0
+    frame = spark.createDataFrame([(str(i), f"text number {i}") for i in range(32)], "id string, text string")
+    with start_server(seed=5) as server:
+        cfg = make_config("embeddings.provider=openai", "embeddings.batch_size=1",
+                          f"llm.embedding.api_base={server.base_url}", "llm.embedding.requests_per_minute=120")
+        rows = embed.embed_texts(frame, cfg, partitions=8).collect()
+        served = sorted(start for start, _ in server.served_intervals("embeddings"))
+    assert len(rows) == 32 and all(r.vector is not None for r in rows) and len(served) == 32
+    rate_per_minute = (len(served) - 1) / (served[-1] - served[0]) * 60
+    assert rate_per_minute > 0.6 * 120, f"{rate_per_minute:.0f} calls/min against a budget of 120"
