@@ -4,9 +4,10 @@ A stage of at most ``DRIVER_EMBED_ROWS`` input rows runs on the driver: one coll
 calls there, one write. A larger one is computed in executors (``mapInPandas``). The offline
 MiniLM loads its weights once per Python process; the ``openai`` provider calls the embeddings
 endpoint through the project client in batches of ``embeddings.batch_size``, each task throttled
-to its share of the job's budget (one over the tasks that run at once, ``task_share``), and at most ``llm.items_per_commit`` rows per task, so a retried
-task repeats few calls. An item whose call finally failed is written with a null vector and
-counted; more failures than ``llm.max_failed_share`` fail the stage after the tables are written.
+to its share of the job's budget (one over the tasks that run at once, ``task_share``), and at most
+``llm.items_per_commit`` rows per task, so a retried task repeats few calls. An item whose call
+finally failed is written with a null vector and counted; more failures than
+``llm.max_failed_share`` fail the stage after the tables are written.
 
 Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, text hash):
 a text already embedded by the same model is never requested again, in this index or a
@@ -69,7 +70,7 @@ def task_share(spark: SparkSession, partitions: int) -> float:
     every task keeps one over the tasks, which never exceeds the budget."""
     if is_connect(spark):
         return 1.0 / partitions
-    return 1.0 / max(1, min(partitions, default_parallelism(spark)))
+    return 1.0 / min(partitions, default_parallelism(spark))
 
 
 def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
