@@ -16,7 +16,7 @@ weights are loaded once per worker process (``_load_encoder`` is cached) and an
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
@@ -252,23 +252,36 @@ class OpenAIEmbedder:
         self.share = share
         self.dim = 0
 
-    def embed_batches(self, texts: Sequence[str]) -> tuple[list[np.ndarray | None], list[str]]:
-        """One vector per text, None where its batch finally failed, and the error of each failed batch."""
+    def embed_batches(self, texts: Sequence[str], on_batch: Callable[[int, np.ndarray], None] | None = None,
+                      ) -> tuple[list[np.ndarray | None], list[str]]:
+        """One vector per text, None where its batch finally failed, and the error of each failed batch.
+        ``on_batch(start, vectors)`` is called as each batch returns whole (``start``: its first text's index),
+        so that a caller can keep what was paid for before the others return."""
         from graphrag_spark.llm.client import run_items
 
-        batches = [list(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
-        results = run_items(batches, lambda client, batch: client.embed(batch), self.cfg, self.share)
+        starts = range(0, len(texts), self.batch_size)
+        batches = [list(texts[i : i + self.batch_size]) for i in starts]
+
+        async def call(client, numbered: tuple[int, list[str]]) -> np.ndarray | str:
+            start, batch = numbered
+            result = await client.embed(batch)
+            if not (result.ok and len(result.vectors) == len(batch)):
+                return result.error or f"{len(result.vectors)} vectors for {len(batch)} texts"
+            rows = np.asarray(result.vectors, dtype=np.float32)
+            rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+            if on_batch is not None:
+                on_batch(start, rows)
+            return rows
+
         vectors: list[np.ndarray | None] = []
         errors = []
-        for batch, result in zip(batches, results):
-            if result.ok and len(result.vectors) == len(batch):
-                rows = np.asarray(result.vectors, dtype=np.float32)
-                rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-                self.dim = rows.shape[1]
-                vectors.extend(rows)
-            else:
-                errors.append(result.error or f"{len(result.vectors)} vectors for {len(batch)} texts")
+        for batch, result in zip(batches, run_items(list(zip(starts, batches)), call, self.cfg, self.share)):
+            if isinstance(result, str):
+                errors.append(result)
                 vectors.extend([None] * len(batch))
+            else:
+                self.dim = result.shape[1]
+                vectors.extend(result)
         return vectors, errors
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

@@ -11,6 +11,7 @@ from graphrag_spark.errors import StageFailed
 from graphrag_spark.index import embed
 from graphrag_spark.index.embed import embed_cached
 from graphrag_spark.llm.server import start_server
+from graphrag_spark.llm.stage import stage_journal
 
 pytestmark = pytest.mark.spark
 
@@ -22,7 +23,8 @@ def test_cached_vectors_are_not_requested_again_and_failures_are_not_cached(spar
         def run(base_url, *extra):
             cfg = make_config("embeddings.provider=openai", "embeddings.batch_size=1", "llm.embedding.max_retries=0",
                               f"llm.embedding.api_base={base_url}", *extra)
-            vectors, requested = embed_cached(spark, T.TableStore(spark, cfg.storage), frame, cfg, len(texts))
+            vectors, requested = embed_cached(spark, T.TableStore(spark, cfg.storage), frame, cfg, len(texts),
+                                              T.TEXT_UNIT_EMBEDDINGS)
             return {r.id: r.vector for r in vectors.collect()}, requested
 
         failed, requested = run(failing.base_url)
@@ -63,6 +65,22 @@ def _spy(function, calls):
         return function(*args, **kwargs)
 
     return spied
+
+
+def _text_units_until_the_driver_dies_writing(spark, store, cfg, monkeypatch, table):
+    """The text units' embeddings stage, its driver dying as it writes ``table``, once that frame's calls ran."""
+    write = T.TableStore.write
+
+    def crash(self, df, name, *args, **kwargs):
+        if name == table:
+            df.collect()  # the calls run (lazily, in executors on that path); then the driver dies
+            raise RuntimeError("driver lost")
+        return write(self, df, name, *args, **kwargs)
+
+    monkeypatch.setattr(T.TableStore, "write", crash)
+    with pytest.raises(RuntimeError, match="driver lost"):
+        embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+    monkeypatch.setattr(T.TableStore, "write", write)
 
 
 def test_python_and_spark_text_hashes_agree(spark):
@@ -133,17 +151,7 @@ def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_fail
 
         # The table's write fails after the calls: the cache already holds what was paid for.
         cfg = config(server.base_url)
-        write = T.TableStore.write
-
-        def crash_on_the_table(self, df, name, *args, **kwargs):
-            if name == T.TEXT_UNIT_EMBEDDINGS:
-                raise RuntimeError("driver lost")
-            return write(self, df, name, *args, **kwargs)
-
-        monkeypatch.setattr(T.TableStore, "write", crash_on_the_table)
-        with pytest.raises(RuntimeError, match="driver lost"):
-            embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
-        monkeypatch.setattr(T.TableStore, "write", write)
+        _text_units_until_the_driver_dies_writing(spark, store, cfg, monkeypatch, T.TEXT_UNIT_EMBEDDINGS)
         assert server.stats()["served"]["embeddings"] == 4, "distinct texts only, the null one as the empty text"
 
         counts = embed.build_embeddings(spark, store, cfg)
@@ -169,3 +177,33 @@ def test_executor_tasks_in_waves_share_the_budget_of_the_tasks_that_run_at_once(
     assert len(rows) == 32 and all(r.vector is not None for r in rows) and len(served) == 32
     rate_per_minute = (len(served) - 1) / (served[-1] - served[0]) * 60
     assert rate_per_minute > 0.6 * 120, f"{rate_per_minute:.0f} calls/min against a budget of 120"
+
+
+@pytest.mark.parametrize("path", ["driver", "executors"])
+def test_a_crash_before_the_cache_commit_pays_for_no_returned_batch_again(spark, make_config, tmp_path, monkeypatch,
+                                                                          path):
+    """Each endpoint batch is journaled on the driver as it returns (the executors post theirs to it): the
+    driver dies after the calls and before the cache's commit, and its rerun commits the journal and
+    pays for nothing again, with the vectors a clean run writes."""
+    monkeypatch.setattr(embed, "DRIVER_EMBED_ROWS", embed.DRIVER_EMBED_ROWS if path == "driver" else 0)
+    with start_server(seed=4) as server:
+        def config(root):
+            return make_config("embeddings.provider=openai", "embeddings.batch_size=2",
+                               f"llm.embedding.api_base={server.base_url}", f"storage.root={root}")
+
+        cfg = config(tmp_path / "crashed")
+        store = _store_with_inputs(spark, cfg)
+        _text_units_until_the_driver_dies_writing(spark, store, cfg, monkeypatch, T.EMBEDDING_CACHE)
+        paid = server.stats()["served"]["embeddings"]
+        journal = stage_journal(store, f"embeddings-{T.TEXT_UNIT_EMBEDDINGS}")
+        assert paid > 0 and journal.exists()
+
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        assert server.stats()["served"]["embeddings"] == paid, "the rerun paid again for journaled batches"
+        assert counts["text_unit_embeddings texts embedded"] == 0 and not journal.exists()
+        assert store.read(T.EMBEDDING_CACHE).count() == 4
+
+        clean_cfg = config(tmp_path / "clean")
+        clean = _store_with_inputs(spark, clean_cfg)
+        embed.build_embeddings(spark, clean, clean_cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+    assert _tables(store, (T.TEXT_UNIT_EMBEDDINGS,)) == _tables(clean, (T.TEXT_UNIT_EMBEDDINGS,))

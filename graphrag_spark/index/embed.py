@@ -13,17 +13,23 @@ Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, te
 a text already embedded by the same model is never requested again, in this index or a
 rerun of it; a failed one is not cached, so the next run asks again. New vectors are appended
 to the cache before the stage's table is written: a crash in between does not pay for them twice.
+Before that commit, each batch's vectors are journaled on the driver as the batch returns (the
+executors post theirs to a ``DriverEndpoint``), and the stage's next run commits the journal of a
+crashed one first: a driver crash loses at most the batches in flight. On Spark Connect the
+executors cannot reach the client, so the executor path journals nothing there.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import os
 import threading
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +41,9 @@ from graphrag_spark.compat import default_parallelism, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
+from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json
 from graphrag_spark.llm.secrets import ensure_api_key
+from graphrag_spark.llm.stage import driver_host, recover_journal, stage_journal
 
 # Up to this many input rows a stage embeds on the driver (one collect, one write: ~10 Spark jobs, most of
 # them Delta's; the executor path costs ~30, 11-19 s on 2 cores for 40 texts as for 300). At 1,000 texts
@@ -53,11 +61,13 @@ def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
     return OfflineMiniLM()
 
 
-def _vectors(embedder: OpenAIEmbedder | OfflineMiniLM, texts: list[str]) -> list[list[float] | None]:
-    """One vector per text (a null text is the empty one), as lists; None where an endpoint batch finally failed."""
+def _vectors(embedder: OpenAIEmbedder | OfflineMiniLM, texts: list[str],
+             on_batch: Callable[[int, np.ndarray], None] | None = None) -> list[list[float] | None]:
+    """One vector per text (a null text is the empty one), as lists; None where an endpoint batch finally
+    failed. ``on_batch``: see ``OpenAIEmbedder.embed_batches``."""
     texts = [text if isinstance(text, str) else "" for text in texts]
     if isinstance(embedder, OpenAIEmbedder):
-        vectors = embedder.embed_batches(texts)[0]
+        vectors = embedder.embed_batches(texts, on_batch)[0]
     else:
         vectors = list(embedder.embed(texts))  # one call: sorted by length over the whole batch
     return [None if v is None else v.tolist() for v in vectors]
@@ -73,8 +83,9 @@ def task_share(spark: SparkSession, partitions: int) -> float:
     return 1.0 / min(partitions, default_parallelism(spark))
 
 
-def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
-    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors."""
+def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str | None = None) -> DataFrame:
+    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors. With ``journal_url``
+    (a ``DriverEndpoint``), each endpoint batch's ids and vectors are posted there as the batch returns."""
     model_name, share = embedding_model_name(cfg), task_share(frame.sparkSession, partitions)
     if cfg.embeddings.provider == "openai":
         ensure_api_key(cfg.llm.embedding)
@@ -85,8 +96,14 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
         # core, and more threads per task only contend (half the speed on 2 cores).
         with threadpool_limits(TaskContext.get().cpus()):
             for part in parts:
-                yield pd.DataFrame({"id": part["id"].to_numpy(dtype=object),
-                                    "vector": _vectors(embedder, part["text"].tolist()),
+                ids = part["id"].to_numpy(dtype=object)
+
+                def post(start: int, rows: np.ndarray) -> None:
+                    post_json(f"{journal_url}/vectors", {"ids": list(ids[start : start + len(rows)]),
+                                                         "vectors": [_packed(row) for row in rows]})
+
+                yield pd.DataFrame({"id": ids, "vector": _vectors(embedder, part["text"].tolist(),
+                                                                  post if journal_url else None),
                                     "model_name": model_name}, dtype=object)
 
     return frame.repartition(partitions).mapInPandas(run, T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS])
@@ -97,10 +114,11 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int) -> DataFrame:
 _DRIVER_BLAS = threading.Lock()
 
 
-def _embed_on_driver(texts: list[str], cfg: Config) -> list[list[float] | None]:
+def _embed_on_driver(texts: list[str], cfg: Config,
+                     on_batch: Callable[[int, np.ndarray], None] | None = None) -> list[list[float] | None]:
     if cfg.embeddings.provider == "openai":
         ensure_api_key(cfg.llm.embedding)
-        return _vectors(_embedder(cfg, 1.0), texts)  # the driver is the only caller: the whole budget
+        return _vectors(_embedder(cfg, 1.0), texts, on_batch)  # the driver is the only caller: the whole budget
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     with _DRIVER_BLAS, threadpool_limits(cores):
         return _vectors(_embedder(cfg, 1.0), texts)
@@ -124,16 +142,47 @@ def _cache_key(cfg: Config) -> tuple[str, int]:
     return cfg.llm.embedding.model, cfg.llm.embedding.dimensions or 0
 
 
-def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int) -> tuple[DataFrame, int]:
+# The embedding journal: one line per vector paid for and not yet in the cache (model, dimensions, text
+# hash, the float32 vector in base64: exact, and a third of its decimal text).
+_CACHE_KEYS = ["model", "dimensions", "text_hash"]
+
+
+def _packed(vector: np.ndarray) -> str:
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _journal_rows(cfg: Config, keys, vectors) -> list[dict]:
+    model, dimensions = _cache_key(cfg)
+    return [{"model": model, "dimensions": dimensions, "text_hash": key, "vector": vector}
+            for key, vector in zip(keys, vectors)]
+
+
+def _cache_rows(rows: list[dict]) -> list[tuple]:
+    now = datetime.now(timezone.utc)
+    return [(row["model"], row["dimensions"], row["text_hash"],
+             np.frombuffer(base64.b64decode(row["vector"]), dtype="<f4").tolist(), now) for row in rows]
+
+
+def _open_journal(spark: SparkSession, store: T.TableStore, name: str) -> Journal:
+    """The stage's embedding journal, after committing to the cache what a crashed run left in it."""
+    path = stage_journal(store, f"embeddings-{name}")
+    recover_journal(spark, store, path, T.EMBEDDING_CACHE, _cache_rows, _CACHE_KEYS)
+    return Journal(path)
+
+
+def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int,
+                 name: str) -> tuple[DataFrame, int]:
     """``(id, text)`` rows -> ``(id, vector, model_name)`` rows and the number of texts sent to the model.
 
     With the ``openai`` provider, only distinct texts missing from ``embedding_cache`` are
-    requested; their vectors are appended to it before the result is read from it. The offline
-    encoder is deterministic and free: it computes every row.
+    requested; their vectors are journaled as they return (the journal of the stage ``name``) and
+    appended to the cache before the result is read from it. The offline encoder is deterministic
+    and free: it computes every row.
     """
     if cfg.embeddings.provider != "openai":
         return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows
     model, dimensions = _cache_key(cfg)
+    journal = _open_journal(spark, store, name)
 
     def cached() -> DataFrame:
         return (store.read_or_empty(T.EMBEDDING_CACHE)
@@ -144,11 +193,24 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                .select(F.col("text_hash").alias("id"), "text"))
     n_missing = missing.count()
     if n_missing:
-        fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit))
-        store.write(fresh.where(F.col("vector").isNotNull())
-                    .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
-                            F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
-                    T.EMBEDDING_CACHE, mode="append", counted=False)
+        def journaled(body: dict) -> dict:
+            journal.append(_journal_rows(cfg, body["ids"], body["vectors"]))
+            return {}
+
+        endpoint = None if is_connect(spark) else DriverEndpoint(driver_host(spark), {"vectors": journaled},
+                                                                 "embedding-journal")
+        try:
+            fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit),
+                                endpoint.url if endpoint else None)
+            store.write(fresh.where(F.col("vector").isNotNull())
+                        .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
+                                F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
+                        T.EMBEDDING_CACHE, mode="append", counted=False)
+        finally:
+            if endpoint is not None:
+                endpoint.close()
+            journal.close()
+    journal.discard()
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
 
@@ -163,12 +225,14 @@ def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[
     return {r.text_hash: r.vector for r in rows}
 
 
-def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
-                           cfg: Config) -> tuple[list[list[float] | None], int]:
+def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: Config,
+                           name: str) -> tuple[list[list[float] | None], int]:
     """``embed_cached`` for texts held by the driver: one vector per text (None: failed) and the number of
-    texts sent to the model. New endpoint vectors are appended to ``embedding_cache`` in one commit."""
+    texts sent to the model. New endpoint vectors are journaled as their batch returns, then appended to
+    ``embedding_cache`` in one commit."""
     if cfg.embeddings.provider != "openai":
         return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
+    journal = _open_journal(store.spark, store, name)
     hashes = [python_text_hash(text) for text in texts]
     vectors = _cached_vectors(store, cfg, set(hashes))
     missing: dict[str, str | None] = {}  # the distinct texts the cache has no vector of, by hash
@@ -176,14 +240,23 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None],
         if key not in vectors:
             missing.setdefault(key, text)
     if missing:
-        fresh = dict(zip(missing, _embed_on_driver(list(missing.values()), cfg)))
-        model, dimensions = _cache_key(cfg)
-        now = datetime.now(timezone.utc)
-        paid = [(model, dimensions, key, vector, now) for key, vector in fresh.items() if vector is not None]
-        if paid:  # before the stage's table: a crash after this commit does not pay for them again
-            store.write(store.spark.createDataFrame(paid, T.SCHEMAS[T.EMBEDDING_CACHE]), T.EMBEDDING_CACHE,
-                        mode="append", counted=False)
+        keys = list(missing)
+
+        def journaled(start: int, rows: np.ndarray) -> None:
+            journal.append(_journal_rows(cfg, keys[start : start + len(rows)], [_packed(row) for row in rows]))
+
+        try:
+            fresh = dict(zip(keys, _embed_on_driver(list(missing.values()), cfg, journaled)))
+            model, dimensions = _cache_key(cfg)
+            now = datetime.now(timezone.utc)
+            paid = [(model, dimensions, key, vector, now) for key, vector in fresh.items() if vector is not None]
+            if paid:  # before the stage's table: a crash after this commit does not pay for them again
+                store.write(store.spark.createDataFrame(paid, T.SCHEMAS[T.EMBEDDING_CACHE]), T.EMBEDDING_CACHE,
+                            mode="append", counted=False)
+        finally:
+            journal.close()
         vectors = {**vectors, **fresh}
+    journal.discard()
     return [vectors.get(key) for key in hashes], len(missing)
 
 
@@ -215,10 +288,10 @@ def _build_in_executors(spark: SparkSession, store: T.TableStore, cfg: Config, n
     if kept is not None:  # read as of the last run's version: still readable after the overwrite
         todo = frame.join(kept.select("id"), "id", "left_anti")
         n_todo = todo.count()
-        vectors, requested = embed_cached(spark, store, todo, cfg, n_todo) if n_todo else (None, 0)
+        vectors, requested = embed_cached(spark, store, todo, cfg, n_todo, name) if n_todo else (None, 0)
         store.write(kept if vectors is None else kept.unionByName(vectors), name, counted=False)
     else:
-        vectors, requested = embed_cached(spark, store, frame, cfg, rows)
+        vectors, requested = embed_cached(spark, store, frame, cfg, rows, name)
         store.write(vectors, name, counted=False)
     return rows, requested, store.read(name).where(F.col("vector").isNull()).count()
 
@@ -233,7 +306,7 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
         kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
     kept_ids = {key for key, _ in kept}
     todo = [r for r in collected if r.id not in kept_ids]
-    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg)
+    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name)
     out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
     store.write(spark.createDataFrame(out, T.SCHEMAS[name]), name, counted=False)
     return len(collected), requested, sum(v is None for v in vectors)

@@ -19,6 +19,9 @@ the OS, a random token in every request) that the stage's tasks talk to:
 
 Usage is computed here from the rows received (no scan of ``llm_results``): calls, retries,
 429s, tokens, and service latency and queue wait as separate percentiles.
+
+The HTTP server (``DriverEndpoint``) and the journal (``Journal``) are also what the embedding
+stages use to keep each returned batch of vectors (``index.embed``).
 """
 
 from __future__ import annotations
@@ -134,9 +137,71 @@ def read_journal(path: Path) -> list[dict]:
     return rows
 
 
+class Journal:
+    """Rows obtained and not yet committed to Delta, one JSON line each, flushed as written: what the
+    rerun of a crashed driver commits before it pays for anything again (``read_journal``)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def append(self, rows: list[dict]) -> None:
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        with self._lock:
+            self._file.write(text)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def discard(self) -> None:
+        """Close and delete: everything journaled is committed."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class DriverEndpoint:
+    """A small HTTP server in the driver process that a stage's tasks post JSON to: bound to the driver's
+    address, port chosen by the OS, a random token in every path (requests are never logged)."""
+
+    def __init__(self, host: str, routes: dict[str, Any], name: str) -> None:
+        token = secrets.token_hex(16)
+        self._server = ThreadingHTTPServer((host, 0), _handler(token, routes))
+        self._server.daemon_threads = True
+        self.url = f"http://{host}:{self._server.server_address[1]}/{token}"
+        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(token: str, routes: dict[str, Any]):
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            _, given, route = (self.path.split("/") + ["", ""])[:3]
+            if given != token or route not in routes:
+                self.send_error(404)
+                return
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            payload = json.dumps(routes[route](body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:  # requests carry the token: never logged
+            pass
+
+    return Handler
+
+
 class Coordinator:
     def __init__(self, host: str, model: ModelBudget, max_in_flight: int, journal: Path, tasks: int = 1) -> None:
-        self.token = secrets.token_hex(16)
         self._model = model
         self._max_in_flight = max_in_flight
         self._tasks = tasks  # the tasks expected to run at once: a task that starts first must not take every slot
@@ -147,18 +212,16 @@ class Coordinator:
         self._active_tasks = 0
         self._finished_tasks = 0
         self.on_result = None  # a callable(row) the stage may set (progress)
-        journal.parent.mkdir(parents=True, exist_ok=True)
-        self.journal = journal
-        self._journal = journal.open("a", encoding="utf-8")
-        self._server = ThreadingHTTPServer((host, 0), self._handler())
-        self._server.daemon_threads = True
-        self.url = f"http://{host}:{self._server.server_address[1]}/{self.token}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="llm-coordinator", daemon=True)
-        self._thread.start()
+        self._journal = Journal(journal)
+        routes = {"start": lambda b: self.start(b["keys"]), "finish": lambda b: self.finish(),
+                  "acquire": lambda b: self.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
+                                                    b.get("latencies", [])),
+                  "result": lambda b: self.result(b["row"])}
+        self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
+        self.url = self._endpoint.url
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._endpoint.close()
         self._journal.close()
 
     # -- what tasks call -------------------------------------------------------------------
@@ -193,12 +256,10 @@ class Coordinator:
             return {"wait": wait, "window": self.window()}
 
     def result(self, row: dict) -> dict:
-        line = json.dumps(row, ensure_ascii=False)
         with self._lock:
             if row["item_key"] in self._done:  # a speculative or retried copy: keep the first
                 return {}
-            self._journal.write(line + "\n")
-            self._journal.flush()
+            self._journal.append([row])
             self._done.add(row["item_key"])
             self._buffer.append(row)
             self._rows.append(row)
@@ -220,32 +281,6 @@ class Coordinator:
         with self._lock:
             rows = list(self._rows)
         return usage_of(rows)
-
-    def _handler(self):
-        coordinator = self
-        routes = {"start": lambda b: coordinator.start(b["keys"]), "finish": lambda b: coordinator.finish(),
-                  "acquire": lambda b: coordinator.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
-                                                       b.get("latencies", [])),
-                  "result": lambda b: coordinator.result(b["row"])}
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                _, token, route = (self.path.split("/") + ["", ""])[:3]
-                if token != coordinator.token or route not in routes:
-                    self.send_error(404)
-                    return
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                payload = json.dumps(routes[route](body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:  # requests carry the token: never logged
-                pass
-
-        return Handler
 
 
 def rows_frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:

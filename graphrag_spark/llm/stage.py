@@ -198,19 +198,29 @@ def _kept(rows: list[dict], returned: list[dict] | None) -> list[dict]:
     return rows
 
 
-def _recover(spark: SparkSession, store: T.TableStore, journal: Path) -> int:
-    """Commit what an earlier, crashed run of this stage journaled but did not commit; returns the rows recovered."""
+def stage_journal(store: T.TableStore, name: str) -> Path:
+    """The journal file of stage ``name`` of this index (``journal_dir``)."""
+    in_catalog = bool(store.storage.database)
+    return journal_dir(None if in_catalog else store.storage.root, store.storage.staging,
+                       store.namespace() if in_catalog else None) / f"{name}.jsonl"
+
+
+def recover_journal(spark: SparkSession, store: T.TableStore, journal: Path, table: str,
+                    frame_of: Callable[[list[dict]], Any], keys: list[str]) -> int:
+    """Append to ``table`` what an earlier, crashed run journaled but did not commit (``frame_of`` turns the
+    journal's rows into the table's rows; a row whose ``keys`` the table holds is not appended again).
+    Returns the rows recovered."""
     rows = read_journal(journal)
     if rows:
-        frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
-        committed = store.read_or_empty(T.LLM_RESULTS).select("item_key", "run_id")
-        store.write(frame.join(committed, ["item_key", "run_id"], "left_anti").coalesce(1), T.LLM_RESULTS, mode="append",
-                    counted=False)
+        frame = spark.createDataFrame(frame_of(rows), T.SCHEMAS[table]).dropDuplicates(keys)
+        committed = store.read_or_empty(table).select(*keys)
+        store.write(frame.join(committed, keys, "left_anti").coalesce(1), table, mode="append", counted=False)
     journal.unlink(missing_ok=True)
     return len(rows)
 
 
-def _driver_host(spark: SparkSession) -> str:
+def driver_host(spark: SparkSession) -> str:
+    """The address executors reach the driver's endpoints at."""
     if spark.sparkContext.master.startswith("local"):
         return "127.0.0.1"
     return spark.conf.get("spark.driver.host")
@@ -220,7 +230,7 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
                      pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
                      returned: list[dict] | None) -> UsageFigures:
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
-    coordinator = Coordinator(_driver_host(spark), budget, llm.max_in_flight, journal,
+    coordinator = Coordinator(driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
     coordinator.on_result = lambda row: meter.committed(1)
     url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
@@ -306,10 +316,9 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
-    in_catalog = bool(store.storage.database)
-    journal = journal_dir(None if in_catalog else store.storage.root, store.storage.staging,
-                          store.namespace() if in_catalog else None) / f"{stage}.jsonl"
-    _recover(spark, store, journal)
+    journal = stage_journal(store, stage)
+    recover_journal(spark, store, journal, T.LLM_RESULTS, lambda rows: rows_frame(rows, RESULT_COLUMNS),
+                    ["item_key", "run_id"])
     # One task reads until it has one item more than the bound: one job, however many partitions.
     few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
     on_driver = len(few) <= DRIVER_STAGE_ITEMS
