@@ -143,7 +143,7 @@ def _cache_key(cfg: Config) -> tuple[str, int]:
 
 
 # The embedding journal: one line per vector paid for and not yet in the cache (model, dimensions, text
-# hash, the float32 vector in base64: exact, and a third of its decimal text).
+# hash, the float32 vector in base64: exact, and under half the size of its decimal text).
 _CACHE_KEYS = ["model", "dimensions", "text_hash"]
 
 
