@@ -10,6 +10,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.errors import StageFailed
 from graphrag_spark.index import embed
 from graphrag_spark.index.embed import embed_cached
+from graphrag_spark.llm.coordinator import Journal, read_journal
 from graphrag_spark.llm.server import start_server
 from graphrag_spark.llm.stage import stage_journal
 
@@ -207,3 +208,36 @@ def test_a_crash_before_the_cache_commit_pays_for_no_returned_batch_again(spark,
         clean = _store_with_inputs(spark, clean_cfg)
         embed.build_embeddings(spark, clean, clean_cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
     assert _tables(store, (T.TEXT_UNIT_EMBEDDINGS,)) == _tables(clean, (T.TEXT_UNIT_EMBEDDINGS,))
+
+
+def test_a_retried_executor_task_takes_back_what_its_first_attempt_journaled(spark, make_config, tmp_path):
+    """One task embeds two texts one call at a time. The driver loses the post of the second batch (its
+    handler raises), so the task fails and Spark retries it: the retry takes back the first vector from
+    the journal and pays only for the second (whose vector never reached the journal)."""
+    texts = ["The first text, journaled.", "The second text, lost with its post."]
+    frame = spark.createDataFrame([(embed.python_text_hash(t), t) for t in texts], "id string, text string")
+
+    class LosesTheSecondPost(embed.VectorJournal):
+        posts = 0
+
+        def add(self, body):
+            LosesTheSecondPost.posts += 1
+            if LosesTheSecondPost.posts == 2:
+                raise RuntimeError("the post of a batch is lost")
+            return super().add(body)
+
+    with start_server(seed=6) as server:
+        cfg = make_config("embeddings.provider=openai", "embeddings.batch_size=1", "llm.embedding.concurrency=1",
+                          f"llm.embedding.api_base={server.base_url}")
+        journal = Journal(tmp_path / "vectors.jsonl")
+        endpoint = LosesTheSecondPost(spark, journal, cfg)
+        try:
+            retried = {r.id: r.vector for r in embed.embed_texts(frame, cfg, 1, endpoint.url).collect()}
+        finally:
+            endpoint.close()
+            journal.close()
+        served = server.stats()["served"]["embeddings"]
+        clean = {r.id: r.vector for r in embed.embed_texts(frame, cfg, 1).collect()}
+    assert LosesTheSecondPost.posts == 3, "two posts by the first attempt, one by the retry"
+    assert served == 3, "the first text once, the second twice (its first vector was lost with the post)"
+    assert retried == clean and len(read_journal(journal.path)) == 2

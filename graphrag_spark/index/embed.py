@@ -5,18 +5,19 @@ calls there, one write. A larger one is computed in executors (``mapInPandas``).
 MiniLM loads its weights once per Python process; the ``openai`` provider calls the embeddings
 endpoint through the project client in batches of ``embeddings.batch_size``, each task throttled
 to its share of the job's budget (one over the tasks that run at once, ``task_share``), and at most
-``llm.items_per_commit`` rows per task, so a retried task repeats few calls. An item whose call
-finally failed is written with a null vector and counted; more failures than
-``llm.max_failed_share`` fail the stage after the tables are written.
+``llm.items_per_commit`` rows per task. An item whose call finally failed is written with a null
+vector and counted; more failures than ``llm.max_failed_share`` fail the stage after the tables
+are written.
 
 Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, text hash):
 a text already embedded by the same model is never requested again, in this index or a
 rerun of it; a failed one is not cached, so the next run asks again. New vectors are appended
 to the cache before the stage's table is written: a crash in between does not pay for them twice.
 Before that commit, each batch's vectors are journaled on the driver as the batch returns (the
-executors post theirs to a ``DriverEndpoint``), and the stage's next run commits the journal of a
-crashed one first: a driver crash loses at most the batches in flight. On Spark Connect the
-executors cannot reach the client, so the executor path journals nothing there.
+executors post theirs to a ``VectorJournal``), and the stage's next run commits the journal of a
+crashed one first: a driver crash loses at most the batches in flight. A task that Spark retries
+takes back the vectors its earlier attempt journaled and pays only for the rest. On Spark Connect
+the executors cannot reach the client, so the executor path journals nothing there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from graphrag_spark.compat import default_parallelism, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json
+from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json, read_journal
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.llm.stage import driver_host, recover_journal, stage_journal
 
@@ -85,7 +86,9 @@ def task_share(spark: SparkSession, partitions: int) -> float:
 
 def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str | None = None) -> DataFrame:
     """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors. With ``journal_url``
-    (a ``DriverEndpoint``), each endpoint batch's ids and vectors are posted there as the batch returns."""
+    (a ``VectorJournal``'s, the ids being text hashes), a task first takes back the vectors of its ids
+    already returned (a retried task's) and embeds only the others, posting each endpoint batch's ids
+    and vectors there as the batch returns."""
     model_name, share = embedding_model_name(cfg), task_share(frame.sparkSession, partitions)
     if cfg.embeddings.provider == "openai":
         ensure_api_key(cfg.llm.embedding)
@@ -96,15 +99,22 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str
         # core, and more threads per task only contend (half the speed on 2 cores).
         with threadpool_limits(TaskContext.get().cpus()):
             for part in parts:
-                ids = part["id"].to_numpy(dtype=object)
+                ids, texts = part["id"].tolist(), part["text"].tolist()
+                if journal_url is None:
+                    vectors = _vectors(embedder, texts)
+                else:
+                    known = post_json(f"{journal_url}/returned", {"ids": ids})
+                    todo = [i for i, key in enumerate(ids) if key not in known]
+                    todo_ids = [ids[i] for i in todo]
 
-                def post(start: int, rows: np.ndarray) -> None:
-                    post_json(f"{journal_url}/vectors", {"ids": list(ids[start : start + len(rows)]),
-                                                         "vectors": [_packed(row) for row in rows]})
+                    def post(start: int, rows: np.ndarray) -> None:
+                        post_json(f"{journal_url}/vectors", {"ids": todo_ids[start : start + len(rows)],
+                                                             "vectors": [_packed(row) for row in rows]})
 
-                yield pd.DataFrame({"id": ids, "vector": _vectors(embedder, part["text"].tolist(),
-                                                                  post if journal_url else None),
-                                    "model_name": model_name}, dtype=object)
+                    fresh = dict(zip(todo, _vectors(embedder, [texts[i] for i in todo], post)))
+                    vectors = [fresh[i] if i in fresh else _unpacked(known[key]) for i, key in enumerate(ids)]
+                yield pd.DataFrame({"id": np.array(ids, dtype=object), "vector": vectors, "model_name": model_name},
+                                   dtype=object)
 
     return frame.repartition(partitions).mapInPandas(run, T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS])
 
@@ -151,6 +161,10 @@ def _packed(vector: np.ndarray) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
+def _unpacked(packed: str) -> list[float]:
+    return np.frombuffer(base64.b64decode(packed), dtype="<f4").tolist()
+
+
 def _journal_rows(cfg: Config, keys, vectors) -> list[dict]:
     model, dimensions = _cache_key(cfg)
     return [{"model": model, "dimensions": dimensions, "text_hash": key, "vector": vector}
@@ -159,8 +173,39 @@ def _journal_rows(cfg: Config, keys, vectors) -> list[dict]:
 
 def _cache_rows(rows: list[dict]) -> list[tuple]:
     now = datetime.now(timezone.utc)
-    return [(row["model"], row["dimensions"], row["text_hash"],
-             np.frombuffer(base64.b64decode(row["vector"]), dtype="<f4").tolist(), now) for row in rows]
+    return [(row["model"], row["dimensions"], row["text_hash"], _unpacked(row["vector"]), now) for row in rows]
+
+
+class VectorJournal:
+    """The driver's side of an executor-path embedding stage (a ``DriverEndpoint``): each batch a task posts
+    (``/vectors``) is journaled, and a task asks which of its ids already returned (``/returned``) and gets
+    their vectors back, so a task that Spark retries pays again only for what was in flight. Only the ids
+    are held in memory; the journal file is read when a task finds some of its ids done."""
+
+    def __init__(self, spark: SparkSession, journal: Journal, cfg: Config) -> None:
+        self._journal, self._cfg = journal, cfg
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+        self._endpoint = DriverEndpoint(driver_host(spark), {"vectors": self.add, "returned": self.returned},
+                                        "embedding-journal")
+        self.url = self._endpoint.url
+
+    def add(self, body: dict) -> dict:
+        self._journal.append(_journal_rows(self._cfg, body["ids"], body["vectors"]))
+        with self._lock:
+            self._done.update(body["ids"])
+        return {}
+
+    def returned(self, body: dict) -> dict:
+        with self._lock:
+            wanted = self._done.intersection(body["ids"])
+        if not wanted:
+            return {}
+        return {row["text_hash"]: row["vector"] for row in read_journal(self._journal.path)
+                if row["text_hash"] in wanted}
+
+    def close(self) -> None:
+        self._endpoint.close()
 
 
 def _open_journal(spark: SparkSession, store: T.TableStore, name: str) -> Journal:
@@ -193,12 +238,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                .select(F.col("text_hash").alias("id"), "text"))
     n_missing = missing.count()
     if n_missing:
-        def journaled(body: dict) -> dict:
-            journal.append(_journal_rows(cfg, body["ids"], body["vectors"]))
-            return {}
-
-        endpoint = None if is_connect(spark) else DriverEndpoint(driver_host(spark), {"vectors": journaled},
-                                                                 "embedding-journal")
+        endpoint = None if is_connect(spark) else VectorJournal(spark, journal, cfg)
         try:
             fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit),
                                 endpoint.url if endpoint else None)
