@@ -28,6 +28,7 @@ import math
 import os
 import threading
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -208,11 +209,11 @@ class VectorJournal:
         self._endpoint.close()
 
 
-def _open_journal(spark: SparkSession, store: T.TableStore, name: str) -> Journal:
-    """The stage's embedding journal, after committing to the cache what a crashed run left in it."""
+def _recovered_journal(spark: SparkSession, store: T.TableStore, name: str) -> Path:
+    """The stage's embedding journal file, once what a crashed run left in it is committed to the cache."""
     path = stage_journal(store, f"embeddings-{name}")
     recover_journal(spark, store, path, T.EMBEDDING_CACHE, _cache_rows, _CACHE_KEYS)
-    return Journal(path)
+    return path
 
 
 def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int,
@@ -227,7 +228,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     if cfg.embeddings.provider != "openai":
         return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows
     model, dimensions = _cache_key(cfg)
-    journal = _open_journal(spark, store, name)
+    journal_path = _recovered_journal(spark, store, name)
 
     def cached() -> DataFrame:
         return (store.read_or_empty(T.EMBEDDING_CACHE)
@@ -238,6 +239,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                .select(F.col("text_hash").alias("id"), "text"))
     n_missing = missing.count()
     if n_missing:
+        journal = Journal(journal_path)
         endpoint = None if is_connect(spark) else VectorJournal(spark, journal, cfg)
         try:
             fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit),
@@ -250,7 +252,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
             if endpoint is not None:
                 endpoint.close()
             journal.close()
-    journal.discard()
+        journal.discard()
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
 
@@ -272,7 +274,7 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: C
     ``embedding_cache`` in one commit."""
     if cfg.embeddings.provider != "openai":
         return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
-    journal = _open_journal(store.spark, store, name)
+    journal_path = _recovered_journal(store.spark, store, name)
     hashes = [python_text_hash(text) for text in texts]
     vectors = _cached_vectors(store, cfg, set(hashes))
     missing: dict[str, str | None] = {}  # the distinct texts the cache has no vector of, by hash
@@ -280,7 +282,7 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: C
         if key not in vectors:
             missing.setdefault(key, text)
     if missing:
-        keys = list(missing)
+        keys, journal = list(missing), Journal(journal_path)
 
         def journaled(start: int, rows: np.ndarray) -> None:
             journal.append(_journal_rows(cfg, keys[start : start + len(rows)], [_packed(row) for row in rows]))
@@ -295,8 +297,8 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: C
                             mode="append", counted=False)
         finally:
             journal.close()
+        journal.discard()
         vectors = {**vectors, **fresh}
-    journal.discard()
     return [vectors.get(key) for key in hashes], len(missing)
 
 
