@@ -201,8 +201,9 @@ def _identifier(part: str) -> str:
 TABLE_PROPERTIES = {"delta.checkpointInterval": "100"}
 
 # Up to this many rows (as the caller expects), TableStore.checkpoint keeps a frame in the driver: a
-# scratch table costs a Delta write and a read back, 2-4 s on 2 cores for a few rows.
-LOCAL_CHECKPOINT_ROWS = 1_000
+# scratch table costs a Delta write and a read back, 2-4 s on 2 cores for a few rows. An LLM stage of
+# as many items keeps its rows on the driver anyway (llm.stage.DRIVER_STAGE_ITEMS).
+LOCAL_CHECKPOINT_ROWS = 2_000
 
 # Where TableStore.checkpoint materialises intermediate frames: <root>/_scratch/<name>, or <database>._scratch_<name>.
 SCRATCH = "_scratch"
@@ -233,6 +234,8 @@ class TableStore:
         self._scratch: set[str] = set()
         # Set to a list by a job that appends its llm_usage rows at its end, in one commit (llm.stage).
         self.deferred_usage: list[dict] | None = None
+        # Set by an index run: the llm_results rows it committed, where it found no table (llm.stage.FreshResults).
+        self.fresh_results = None
 
     def location(self, name: str) -> str:
         if self.storage.database:

@@ -38,6 +38,36 @@ def test_a_second_pass_in_the_same_run_counts_only_its_own_calls(spark, make_con
         assert [r.calls for r in usage.collect()] == [2, 1]
 
 
+def test_a_run_that_found_no_results_table_reads_it_only_for_keys_it_committed(spark, make_config):
+    from graphrag_spark.llm.stage import FreshResults
+
+    with start_server(seed=1) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model")
+        store = T.TableStore(spark, cfg.storage)
+        store.fresh_results, run_id, reads = FreshResults(), new_run_id(), []
+        read_or_empty = store.read_or_empty
+        store.read_or_empty = lambda name: reads.append(name) or read_or_empty(name)
+        echo = _echo_fn()
+
+        def run(stage, payloads):
+            items = spark.createDataFrame([(f"i{i}", p) for i, p in enumerate(payloads)], "item_id string, payload string")
+            return run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, stage, items, echo, run_id, "v1", {})[1]
+
+        first = run("echo", ["apples", "pears"])
+        assert (first.cache_hits, first.calls, reads) == (0, 2, [])  # no table when the run began
+        again = run("echo", ["apples", "plums"])  # one of its keys was committed: the table is read
+        assert (again.cache_hits, again.calls, reads) == (1, 1, [T.LLM_RESULTS])
+        other = run("other", ["apples"])  # no key of this stage was committed
+        assert (other.cache_hits, other.calls, reads) == (0, 1, [T.LLM_RESULTS])
+
+        later_run = T.TableStore(spark, cfg.storage)  # the table exists as this run begins: every lookup reads
+        later_run.fresh_results = FreshResults()
+        items = spark.createDataFrame([("i0", "apples")], "item_id string, payload string")
+        rerun = run_llm_stage(spark, later_run, cfg.llm, cfg.llm.chat, "other", items, echo, new_run_id(), "v1", {})[1]
+        assert (rerun.cache_hits, rerun.calls) == (1, 0)
+        assert server.stats()["served"]["chat"] == 4
+
+
 def test_switching_claims_on_later_pays_only_for_the_claims(spark, make_config):
     from graphrag_spark.index.extraction import extract_llm_instances
 

@@ -119,24 +119,34 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
         claim_results, claims_usage = _extract_claims(spark, store, text_units, results, cfg, llm, run_id, prompts)
         labelled.append(claim_results.withColumn("reason", F.lit(_REJECT_REASONS[1])))
         usages.append(claims_usage)
-    # Materialised once: the drop counts and the three instance tables written from it would each
-    # derive it again (a scan of llm_results, a join with the items).
-    results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results",
-                               expected_rows=sum(u.items for u in usages))
+    n_results = sum(u.items for u in usages)
     if dropped is not None:
         dropped["text units failed extraction (retried next run)"] = usage.failures
         if cfg.claims:
             dropped["text units failed claims (retried next run)"] = claims_usage.failures
-        per_reason = results.groupBy("reason").agg(
-            F.sum(F.coalesce(F.get_json_object("result", "$.rejected").cast("long"), F.lit(0))).alias("n")).collect()
         dropped.update({reason: 0 for reason in _REJECT_REASONS[:1 + cfg.claims]})
-        dropped.update({row["reason"]: int(row["n"] or 0) for row in per_reason})
+    if n_results <= T.LOCAL_CHECKPOINT_ROWS:
+        # A small stage's answers are on the driver already: parsed there, and the instances handed on as
+        # local rows (no scratch table, no Python tasks parsing the answers once per table written).
+        collected = pd.concat([frame.toPandas() for frame in labelled], ignore_index=True)
+        if dropped is not None:
+            rejected = collected["result"].map(lambda result: int(json.loads(result).get("rejected") or 0))
+            dropped.update({reason: int(n) for reason, n in rejected.groupby(collected["reason"]).sum().items()})
+        instances = spark.createDataFrame(instances_from_results(collected), _INSTANCE_SCHEMA)
+    else:
+        # Materialised once: the drop counts and the three instance tables written from it would each
+        # derive it again (a scan of llm_results, a join with the items).
+        results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results")
+        if dropped is not None:
+            per_reason = results.groupBy("reason").agg(F.sum(F.coalesce(
+                F.get_json_object("result", "$.rejected").cast("long"), F.lit(0))).alias("n")).collect()
+            dropped.update({row["reason"]: int(row["n"] or 0) for row in per_reason})
 
-    def explode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for batch in batches:
-            yield instances_from_results(batch)
+        def explode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for batch in batches:
+                yield instances_from_results(batch)
 
-    instances = results.mapInPandas(explode, _INSTANCE_SCHEMA)
+        instances = results.mapInPandas(explode, _INSTANCE_SCHEMA)
     entities, relationships = split_instances(instances)
     claims = (instances.where("kind = 'claim'")
               .withColumn("c", F.from_json("description", "map<string,string>"))

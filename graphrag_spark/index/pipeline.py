@@ -38,7 +38,7 @@ from graphrag_spark.index.embed import build_embeddings
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
-from graphrag_spark.llm.stage import StageUsage, append_usage, new_run_id
+from graphrag_spark.llm.stage import FreshResults, StageUsage, append_usage, new_run_id
 from graphrag_spark.session import warm_python_workers
 
 
@@ -573,6 +573,7 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
     common = {"run_id": run_id, "mode": summary.mode, "started_at": started, "job": runs.describe_job(),
               "config_fingerprint": fingerprint}
     store.deferred_usage = []  # one llm_usage commit for the run, not one per LLM stage
+    store.fresh_results = FreshResults()  # no cache lookup reads a table this run created
     in_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-record")
     # The RUNNING row only tells monitors: appended while the first stages run, and done before the outcome is.
     running = in_background.submit(inheriting(spark, runs.record_run), store, status=runs.RUNNING,

@@ -163,6 +163,42 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     return works
 
 
+class FreshResults:
+    """Per stage, the item keys of the ``llm_results`` rows an index run committed, where the table did not
+    exist as the run began. Only the job holding the index's lock writes the index stages' rows, so such a
+    run's stage needs no read of the table to find its cache hits (a snapshot, a file listing and a scan:
+    about 2 s on 2 cores) while none of its keys is among them. Settled at the run's first lookup: a
+    commit before it, or rows recovered from a crashed run's journal, turn it off for the run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[str, set[str]] = {}
+        self._fresh: bool | None = None  # None: not settled yet
+
+    def read_needed(self, store: T.TableStore, stage: str, keys: set[str] | None) -> bool:
+        """Whether ``stage``'s cache hits among ``keys`` (None: any of its keys) must be read from the table."""
+        with self._lock:
+            if self._fresh is None:
+                self._fresh = not store.exists(T.LLM_RESULTS)
+            committed = self._keys.get(stage, set())
+            return not self._fresh or bool(committed if keys is None else committed & keys)
+
+    def committed(self, rows: list[dict]) -> None:
+        with self._lock:
+            if self._fresh is None:
+                self._fresh = False
+            for row in rows if self._fresh else ():
+                self._keys.setdefault(row["stage"], set()).add(row["item_key"])
+
+    def turn_off(self) -> None:
+        with self._lock:
+            self._fresh = False
+
+
+def _read_needed(store: T.TableStore, stage: str, keys: set[str] | None) -> bool:
+    return store.fresh_results is None or store.fresh_results.read_needed(store, stage, keys)
+
+
 # Per llm_results location: the commits this process made since it last counted the table's files
 # (no entry: never counted here). Counting is a Delta job of its own, so it is not repeated per stage.
 _commits_since_count: dict[str, int] = {}
@@ -173,6 +209,8 @@ def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
     if rows:
         frame = spark.createDataFrame(rows_frame(rows, RESULT_COLUMNS), T.SCHEMAS[T.LLM_RESULTS])
         store.write(frame.coalesce(1), T.LLM_RESULTS, mode="append", counted=False)
+        if store.fresh_results is not None:
+            store.fresh_results.committed(rows)
         location = store.location(T.LLM_RESULTS)
         with _count_lock:
             if location in _commits_since_count:
@@ -182,7 +220,7 @@ def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
 def _answers(store: T.TableStore, stage: str, keys: set[str]) -> dict[str, tuple[str | None, str | None]]:
     """Per item key with a row in ``llm_results``: (result, None) where any attempt succeeded, else
     (None, the latest error)."""
-    if not keys:
+    if not keys or not _read_needed(store, stage, keys):
         return {}
     rows = (store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("item_key").isin(list(keys)))
             .select("item_key", "result", "error", "created_at").collect())
@@ -229,6 +267,8 @@ def driver_host(spark: SparkSession) -> str:
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
                      pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
                      returned: list[dict] | None) -> UsageFigures:
+    """The calls of ``pending`` (split into ``n_tasks`` partitions) in one Spark job, each task talking to
+    the driver's coordinator."""
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
     coordinator = Coordinator(driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)))
@@ -247,7 +287,7 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     def run_job() -> None:
         spark.sparkContext.setJobGroup(group, "LLM stage", interruptOnCancel=True)
         try:
-            pending.repartition(n_tasks).mapInPandas(call_partition, "n long").collect()
+            pending.mapInPandas(call_partition, "n long").collect()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the driver's main thread
             failure.append(exc)
 
@@ -317,8 +357,9 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     journal = stage_journal(store, stage)
-    recover_journal(spark, store, journal, T.LLM_RESULTS, lambda rows: rows_frame(rows, RESULT_COLUMNS),
-                    ["item_key", "run_id"])
+    if recover_journal(spark, store, journal, T.LLM_RESULTS, lambda rows: rows_frame(rows, RESULT_COLUMNS),
+                       ["item_key", "run_id"]) and store.fresh_results is not None:
+        store.fresh_results.turn_off()
     # One task reads until it has one item more than the bound: one job, however many partitions.
     few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
     on_driver = len(few) <= DRIVER_STAGE_ITEMS
@@ -331,10 +372,12 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         cached = {key for key, (_, error) in answers.items() if error is None}
         pending_rows = [row for key, row in unique.items() if key not in cached]
         n_items, n_pending = len(unique), len(pending_rows)
-        pending = spark.createDataFrame(pending_rows, keyed.schema)
+        pending = None
         returned: list[dict] | None = []
     else:
-        done = store.read_or_empty(T.LLM_RESULTS).where((F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
+        done = (store.read_or_empty(T.LLM_RESULTS) if _read_needed(store, stage, None) else
+                spark.createDataFrame([], T.SCHEMAS[T.LLM_RESULTS])).where(
+            (F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
         # One job counts the stage's items and its cache hits; the pending items are then read from
         # memory by the stage's job instead of being derived again (items, llm_results scan, anti-join).
         status = (keyed.dropDuplicates(["item_key"])
@@ -342,7 +385,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                   .persist())
         counts = status.agg(F.count("*").alias("items"), F.count("_cached").alias("cached")).collect()[0]
         n_items, n_pending = counts["items"], counts["items"] - counts["cached"]
-        pending = status.where(F.col("_cached").isNull()).drop("_cached")
+        pending, pending_rows = status.where(F.col("_cached").isNull()).drop("_cached"), None
         returned = None
     if n_pending:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
@@ -358,12 +401,17 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         slots, by_size = default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK)
         if is_connect(spark):
             n_tasks = max(1, min(n_pending, max(slots, by_size)))
+            if pending_rows is not None:  # the waves split the items themselves
+                pending = spark.createDataFrame(pending_rows, keyed.schema)
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter, returned)
         else:
             # One slot stays free: the periodic commit is a Spark job, and it could not start before the
             # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
             n_tasks = max(1, min(n_pending, max(slots - 1, by_size)))
+            # The driver's rows are sliced into the tasks as they are sent: no shuffle, a job of its own.
+            pending = (pending.repartition(n_tasks) if pending_rows is None else spark.createDataFrame(
+                spark.sparkContext.parallelize([tuple(row) for row in pending_rows], n_tasks), keyed.schema))
             figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
                                        returned)
         _compact(spark, store, llm.max_result_files)
@@ -371,9 +419,11 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
     if on_driver:
         answers.update({row["item_key"]: (row["result"], row["error"]) for row in returned})
-        outcome = spark.createDataFrame([(row["item_id"], row["item_key"], *answers.get(row["item_key"], (None, None)))
-                                         for row in few],
-                                        "item_id string, item_key string, result string, error string")
+        # From pandas: a local relation, which the caller's reads (and checkpoints) take from the plan, no job.
+        outcome = spark.createDataFrame(
+            pd.DataFrame([(row["item_id"], row["item_key"], *answers.get(row["item_key"], (None, None))) for row in few],
+                         columns=["item_id", "item_key", "result", "error"], dtype=object),
+            "item_id string, item_key string, result string, error string")
     else:
         all_results = store.read_or_empty(T.LLM_RESULTS).where(F.col("stage") == stage)
         succeeded = (all_results.where(F.col("error").isNull()).groupBy("item_key")
