@@ -8,6 +8,9 @@ Volume path ``/Volumes/<catalog>/<schema>/...`` too) or a catalog table ``<stora
 from __future__ import annotations
 
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -25,7 +28,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from graphrag_spark.compat import analysis_condition, is_connect
+from graphrag_spark.compat import analysis_condition, inheriting, is_connect
 from graphrag_spark.config import StorageConfig
 
 
@@ -236,6 +239,42 @@ class TableStore:
         self.deferred_usage: list[dict] | None = None
         # Set by an index run: the llm_results rows it committed, where it found no table (llm.stage.FreshResults).
         self.fresh_results = None
+        self._behind: dict[str, Future] = {}  # in_background: the table's write still running
+        self._behind_pool: ThreadPoolExecutor | None = None
+        self._writing = threading.local()  # the table a background thread is writing now
+
+    def in_background(self, name: str, write: Callable[[], object]) -> None:
+        """Run ``write``, a write of the table ``name``, in a thread of its own. Until it has ended, anything
+        this store does with the table (an existence check, a read, a write, its version) waits for it, and
+        raises its error. An index's full build writes the tables its later stages hold cached this way, so
+        no stage waits for a Delta write it does not read; the run publishes only after ``settle``."""
+        self._settled(name)
+        if self._behind_pool is None:
+            self._behind_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="write-behind")
+
+        def run() -> object:
+            self._writing.name = name
+            try:
+                return write()
+            finally:
+                self._writing.name = None
+
+        self._behind[name] = self._behind_pool.submit(inheriting(self.spark, run))
+
+    def settle(self) -> None:
+        """Wait for every background write (``in_background``); the first failure is raised once all have ended."""
+        futures = list(self._behind.values())
+        wait(futures)
+        if self._behind_pool is not None:
+            self._behind_pool.shutdown()
+            self._behind_pool = None
+        for future in futures:
+            future.result()
+
+    def _settled(self, name: str) -> None:
+        future = self._behind.get(name)
+        if future is not None and getattr(self._writing, "name", None) != name:
+            future.result()
 
     def location(self, name: str) -> str:
         if self.storage.database:
@@ -258,6 +297,7 @@ class TableStore:
     def exists(self, name: str) -> bool:
         """Through the catalog or by resolving the Delta path: Delta's Python ``DeltaTable`` API would
         need Delta Connect on a Spark Connect server, plain reads need nothing."""
+        self._settled(name)
         if self._pinned(name):
             return name in self.versions
         if self.storage.database:
@@ -271,6 +311,7 @@ class TableStore:
         return True
 
     def read(self, name: str) -> DataFrame:
+        self._settled(name)
         if self._pinned(name):
             if name not in self.versions:
                 return self.spark.createDataFrame([], SCHEMAS[name])
@@ -341,6 +382,7 @@ class TableStore:
         """Write with the declared schema (column order and types enforced here, once); returns the
         number of rows written (with ``overwrite``: the table's rows), from the commit's metrics, or
         None where not ``counted`` (reading the history is a Spark job of its own)."""
+        self._settled(name)
         if name in SCHEMAS:
             df = conform(df, name)
         writer = (df.write.format("delta").mode(mode).options(**TABLE_PROPERTIES)  # taken at creation only
@@ -359,6 +401,7 @@ class TableStore:
     def create_empty(self, name: str) -> None:
         """Create the table ``name`` (not there yet) empty, with its declared schema: one metadata
         commit, where writing an empty DataFrame still runs its Spark jobs."""
+        self._settled(name)
         if self.storage.database and not self.spark.catalog.databaseExists(self.namespace()):
             self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {self.namespace()}")
         columns = ", ".join(f"{_identifier(f.name)} {f.dataType.simpleString()}" for f in SCHEMAS[name].fields)
@@ -376,11 +419,13 @@ class TableStore:
 
     def version(self, name: str) -> int:
         """The latest Delta version of a table."""
+        self._settled(name)
         return int(self.spark.sql(f"DESCRIBE HISTORY {self.sql_name(name)} LIMIT 1").collect()[0]["version"])
 
     def version_or_none(self, name: str) -> int | None:
         """The latest Delta version of a table, or None where there is none: for a path, one history
         read that may fail rather than an existence check (a read of its own) and then the history."""
+        self._settled(name)
         if self.storage.database:
             return self.version(name) if self.exists(name) else None
         try:
@@ -394,6 +439,7 @@ class TableStore:
         """Make the table equal to ``df`` with one MERGE: rows with a new key are inserted, rows whose
         values changed updated, rows whose key is gone deleted; unchanged rows are not rewritten.
         Returns the table's rows."""
+        self._settled(name)
         if not self.exists(name):
             return self.write(df, name)
         schema = SCHEMAS[name]
@@ -414,13 +460,16 @@ class TableStore:
         every file holding a matched row anyway, which is most files when descriptions are summarized.
 
         ``current``: the table's rows as the caller holds them (cached, as last written) instead of a read;
-        the rows written are then returned, cached (else None)."""
+        the rows written are then returned, cached, and written in the background (``in_background``; else
+        None)."""
         updates = df.select(key, *(F.col(c).alias(f"_new_{c}") for c in columns)).withColumn("_matched", F.lit(True))
         rows = self.read(name) if current is None else current
         updated = rows.join(updates, key, "left").select(*(
             F.when(F.col("_matched"), F.col(f"_new_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
             for c in rows.columns))
-        if current is not None:
-            updated = updated.persist()
-        self.write(updated, name, counted=False)
-        return None if current is None else updated
+        if current is None:
+            self.write(updated, name, counted=False)
+            return None
+        updated = updated.persist()
+        self.in_background(name, lambda: self.write(updated, name, counted=False))
+        return updated

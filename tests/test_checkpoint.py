@@ -1,7 +1,11 @@
-"""TableStore.checkpoint: the localCheckpoint replacement that survives a lost executor (rows in Delta, in the
-index's scratch area), and drop_scratch, which removes them after a successful run."""
+"""TableStore's own materialisations: checkpoint, the localCheckpoint replacement that survives a lost executor
+(rows in Delta, in the index's scratch area), and drop_scratch, which removes them after a successful run;
+update_columns; and writes in the background, which whatever touches their table waits for."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -67,3 +71,53 @@ def test_update_columns_sets_only_the_named_rows_and_columns(spark, tmp_path):
     assert sorted(after) == ["a", "b", "c"], "a key the table lacks adds no row"
     assert [after[i].description for i in "abc"] == ["new a", "old b", None]
     assert after["a"].text_unit_ids == ["u1"] and after["a"].degree == 2, "other columns are untouched"
+
+
+def test_whatever_touches_a_table_written_in_the_background_waits_for_the_write_and_gets_its_error(spark, tmp_path):
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    rows = spark.createDataFrame([("d1", "a.txt")], "id string, source string")
+
+    def slow_write():
+        time.sleep(1.0)  # the checks below run while it sleeps
+        store.write(rows, "notes", counted=False)  # the writing thread itself does not wait for its own write
+
+    store.in_background("notes", slow_write)
+    assert store.exists("notes") and store.read("notes").count() == 1
+
+    def failing_write():
+        time.sleep(0.5)
+        raise OSError("disk full")
+
+    store.in_background("other", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        store.read("other")
+    with pytest.raises(OSError, match="disk full"):
+        store.settle()
+
+
+def test_a_failed_background_write_fails_the_run_publishes_nothing_and_leaves_the_root_free(spark, make_config, tmp_path,
+                                                                                            monkeypatch):
+    from graphrag_spark.index import runs
+    from graphrag_spark.index.pipeline import run_index
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "voss.txt").write_text("Mayor Elena Voss visited Port Alder. Mayor Elena Voss met the Port Alder dockers.")
+    cfg = make_config(input_path=folder)
+    write = T.TableStore.write
+
+    def text_units_fail_in_the_background(self, df, name, *args, **kwargs):
+        if name == T.TEXT_UNITS and threading.current_thread().name.startswith("write-behind"):
+            raise OSError("disk full")
+        return write(self, df, name, *args, **kwargs)
+
+    monkeypatch.setattr(T.TableStore, "write", text_units_fail_in_the_background)
+    with pytest.raises(OSError, match="disk full"):
+        run_index(spark, cfg)
+    store = T.TableStore(spark, cfg.storage)
+    assert runs.published_run(store) is None
+    assert [r.status for r in store.read(T.INDEX_RUNS).collect() if r.status != runs.RUNNING] == [runs.FAILED]
+    monkeypatch.setattr(T.TableStore, "write", write)
+    rerun = run_index(spark, cfg)  # the lock was released: the next run takes the root
+    assert runs.published_run(store)["run_id"] == rerun.run_id
+    assert store.read(T.TEXT_UNITS).count() == rerun.counts["text units"]

@@ -117,6 +117,15 @@ class Run:
         """Write ``df`` to ``name`` keeping its rows cached for the later stages; returns the rows written."""
         return self.store.write(self.hold(df, name), name, counted=counted)
 
+    def write_behind(self, df: DataFrame, name: str, counted: bool = True) -> int | None:
+        """A full build's ``df`` held cached as the rows of ``name`` for the later stages and written to the
+        table in the background (``TableStore.in_background``): no stage waits for a write it does not read.
+        Returns its rows where ``counted`` (a count of the cached rows, made before the write reads them)."""
+        held = self.hold(df, name)
+        rows = held.count() if counted else None
+        self.store.in_background(name, lambda: self.store.write(held, name, counted=False))
+        return rows
+
     def hold(self, df: DataFrame, name: str) -> DataFrame:
         """``df`` cached as the rows of ``name`` the later stages read; not written (a later stage writes them)."""
         self.written[name] = T.conform(df, name).persist()
@@ -180,7 +189,11 @@ def documents_stage(run: Run) -> None:
             store.create_empty(T.INPUT_REJECTS)
 
     # The documents are not counted again: their rows are the distinct documents the read counted.
-    in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
+    if before is None:
+        store.in_background(T.INPUT_REJECTS, write_rejects)
+        run.write_behind(documents, T.DOCUMENTS, counted=False)
+    else:
+        in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
     n_documents = counts["documents"]
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
@@ -233,7 +246,8 @@ def text_units_stage(run: Run) -> None:
     documents = run.table(T.DOCUMENTS)
     todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
     kept = _kept_rows(before, "document_id", documents)
-    n_units = run.write_cached(_union(kept, build_text_units(todo, run.cfg.chunking)), T.TEXT_UNITS)
+    units = _union(kept, build_text_units(todo, run.cfg.chunking))
+    n_units = run.write_cached(units, T.TEXT_UNITS) if before is not None else run.write_behind(units, T.TEXT_UNITS)
     # A full build extracts every unit (no join of the table with its own ids).
     run.changed[T.TEXT_UNITS] = None if before is None else _new_ids(run.table(T.TEXT_UNITS), before)
     run.summary.counts["text units"] = n_units
@@ -261,22 +275,29 @@ def extraction_stage(run: Run) -> None:
     # table), not from llm_results, which later stages write (Spark re-plans a cached frame on each
     # write to a table it reads).
 
-    def write_claims() -> int:
-        if run.previous is None and not (run.llm and cfg.extraction.claims) and not store.exists(T.CLAIMS):
-            store.create_empty(T.CLAIMS)  # no claims on a new root: one metadata commit, no Spark job
-            return 0
+    def all_claims() -> DataFrame:
         kept_claims = None if kept[T.CLAIMS] is None else kept[T.CLAIMS].drop("human_readable_id")
         keyed_claims = graph.key_claims(claims, cfg.graph)  # the entities' name key, so claims find their entity
-        all_claims = _union(kept_claims, keyed_claims.drop("human_readable_id"))
-        return store.write(keep_numbers(all_claims, run.before(T.CLAIMS), ["id"]), T.CLAIMS)
+        return keep_numbers(_union(kept_claims, keyed_claims.drop("human_readable_id")), run.before(T.CLAIMS), ["id"])
 
-    # The three tables are independent: written at once, their Delta commits (mostly the driver's
-    # own latency on a small corpus) overlap.
-    n_entity_instances, n_relationship_instances, run.counted[T.CLAIMS] = in_parallel(
-        spark,
-        lambda: run.write_cached(_union(kept[T.ENTITY_INSTANCES], entity_instances), T.ENTITY_INSTANCES),
-        lambda: run.write_cached(_union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances), T.RELATIONSHIP_INSTANCES),
-        write_claims)
+    entity_instances = _union(kept[T.ENTITY_INSTANCES], entity_instances)
+    relationship_instances = _union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances)
+    if run.previous is None:
+        n_entity_instances = run.write_behind(entity_instances, T.ENTITY_INSTANCES)
+        n_relationship_instances = run.write_behind(relationship_instances, T.RELATIONSHIP_INSTANCES)
+        if not (run.llm and cfg.extraction.claims):  # no claims: on a new root one metadata commit, no Spark job
+            store.in_background(T.CLAIMS, lambda: store.write(all_claims(), T.CLAIMS, counted=False)
+                                if store.exists(T.CLAIMS) else store.create_empty(T.CLAIMS))
+            run.counted[T.CLAIMS] = 0
+        else:
+            run.counted[T.CLAIMS] = run.write_behind(all_claims(), T.CLAIMS)
+    else:
+        # The three tables are independent: written at once, their Delta commits (mostly the driver's
+        # own latency on a small corpus) overlap.
+        n_entity_instances, n_relationship_instances, run.counted[T.CLAIMS] = in_parallel(
+            spark, lambda: run.write_cached(entity_instances, T.ENTITY_INSTANCES),
+            lambda: run.write_cached(relationship_instances, T.RELATIONSHIP_INSTANCES),
+            lambda: store.write(all_claims(), T.CLAIMS))
     if nlp_instances is not None:
         nlp_instances.unpersist()
     run.summary.counts["entity instances"] = n_entity_instances
@@ -304,8 +325,9 @@ def graph_stage(run: Run) -> None:
         if run.graph_rows is not None:  # a full build's rows from the driver: written as they are, held cached
             if _llm_summaries(cfg):  # the summaries write the whole table from the held rows: one write, theirs
                 run.hold(frame, name)
-                return len(run.graph_rows[(T.ENTITIES, T.RELATIONSHIPS).index(name)])
-            return run.write_cached(frame, name)
+            else:
+                run.write_behind(frame, name, counted=False)
+            return len(run.graph_rows[(T.ENTITIES, T.RELATIONSHIPS).index(name)])
         before = run.before(name)
         if before is not None:  # published numbers kept; new elements numbered after them, in rank order
             frame = keep_numbers(frame.withColumnRenamed("human_readable_id", "_rank"), before, ["_rank"]).drop("_rank")
@@ -413,7 +435,7 @@ def communities_stage(run: Run) -> None:
                                               on_driver=run.summary.counts["entities"] + run.summary.counts["relationships"]
                                               <= cfg.graph.driver_max_instances, collected=run.graph_rows)
     if run.graph_rows is not None:  # built from the driver's rows: kept cached, the reports read no Delta back
-        run.write_cached(table, T.COMMUNITIES, counted=False)
+        run.write_behind(table, T.COMMUNITIES, counted=False)
     else:  # it reads the entities, which the summaries rewrite: a cached copy would be planned again
         store.write(table, T.COMMUNITIES, counted=False)
     run.summary.counts["communities per level"] = counts["communities_per_level"]
@@ -580,9 +602,12 @@ def _locked_run(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: s
                                    **common)
     try:
         versions = _run_stages(run, published)
+        store.settle()
         running.result()
     except BaseException as exc:
-        with suppress(Exception):  # the stages' error is the one to report
+        with suppress(Exception):  # the stages' error is the one to report; no write outlives the run
+            store.settle()
+        with suppress(Exception):
             running.result()
         with suppress(Exception):
             _append_deferred_usage(store)
