@@ -271,6 +271,13 @@ class TableStore:
         for future in futures:
             future.result()
 
+    def raise_background_failure(self) -> None:
+        """Raise the error of a background write that has failed, if any (``in_background``): a run stops at
+        its next stage, not once every stage has run."""
+        for future in list(self._behind.values()):
+            if future.done() and future.exception() is not None:
+                raise future.exception()
+
     def _settled(self, name: str) -> None:
         future = self._behind.get(name)
         if future is not None and getattr(self._writing, "name", None) != name:

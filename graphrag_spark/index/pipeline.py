@@ -696,7 +696,9 @@ def _run_stages(run: Run, published) -> dict[str, int]:
         if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
             run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
         with run.summary.stage(stage.name):
+            run.store.raise_background_failure()
             stage.run(run)
+            run.store.raise_background_failure()
         # Tables no later stage writes are final now: their versions are read while the other stages
         # run, not one after the other once all are done.
         for name in stage.outputs:
