@@ -202,6 +202,9 @@ class LlmModelConfig(_Section):
 
 class EmbeddingModelConfig(LlmModelConfig):
     model: str = Field("text-embedding-3-small", description="Embedding model or deployment name.")
+    concurrency: int | None = Field(
+        None, gt=0, description="Most embedding batches in flight per Spark task; unset = the task's share of llm.max_in_flight, paced by the rate limit."
+    )
     dimensions: int | None = Field(
         None, gt=0, description="Requested vector size (text-embedding-3 models can shorten their vectors); unset = the model's own."
     )

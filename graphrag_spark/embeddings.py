@@ -243,13 +243,17 @@ class OpenAIEmbedder:
     """Embeddings from an OpenAI-compatible endpoint through the project client (throttled, retried).
 
     ``dim`` is known after the first answer (0 before). Holds only its config, so it pickles into tasks.
+    ``concurrency`` bounds the batches in flight (the model's ``concurrency`` where set, else this value,
+    else none); the rate limit (this caller's ``share`` of it) paces them.
     """
 
-    def __init__(self, cfg: LlmModelConfig, batch_size: int = 64, share: float = 1.0) -> None:
+    def __init__(self, cfg: LlmModelConfig, batch_size: int = 64, share: float = 1.0,
+                 concurrency: int | None = None) -> None:
         self.cfg = cfg
         self.model_name = cfg.model
         self.batch_size = batch_size
         self.share = share
+        self.concurrency = cfg.concurrency or concurrency
         self.dim = 0
 
     def embed_batches(self, texts: Sequence[str], on_batch: Callable[[int, np.ndarray], None] | None = None,
@@ -275,7 +279,8 @@ class OpenAIEmbedder:
 
         vectors: list[np.ndarray | None] = []
         errors = []
-        for batch, result in zip(batches, run_items(list(zip(starts, batches)), call, self.cfg, self.share)):
+        for batch, result in zip(batches, run_items(list(zip(starts, batches)), call, self.cfg, self.share,
+                                                    self.concurrency or max(1, len(batches)))):
             if isinstance(result, str):
                 errors.append(result)
                 vectors.extend([None] * len(batch))

@@ -182,6 +182,24 @@ def test_embeddings_in_input_order():
     assert similarity > sum(a * b for a, b in zip(result.vectors[0], result.vectors[1]))
 
 
+def test_an_embedder_without_a_set_concurrency_sends_its_batches_at_once_paced_by_the_rate_limit():
+    from graphrag_spark.config import EmbeddingModelConfig
+    from graphrag_spark.embeddings import OpenAIEmbedder
+
+    texts = [f"text {i}" for i in range(20)]
+    with start_server(latency_s=1.0) as server:
+        settings = model_cfg(server).model_dump(exclude={"concurrency"})
+        unset = EmbeddingModelConfig(**settings)
+        started = time.monotonic()
+        vectors, errors = OpenAIEmbedder(unset, batch_size=1).embed_batches(texts)
+        at_once = time.monotonic() - started
+        started = time.monotonic()
+        OpenAIEmbedder(EmbeddingModelConfig(**settings, concurrency=5), batch_size=1).embed_batches(texts)
+        bounded = time.monotonic() - started
+    assert not errors and len(vectors) == 20
+    assert at_once < 2.5 and bounded >= 4.0, (at_once, bounded)  # 20 calls of 1 s: one round, or four of five
+
+
 def test_run_batch_works_inside_a_running_event_loop():
     """Notebooks run a loop already; the façade must not fail there."""
     with start_server() as server:

@@ -59,7 +59,10 @@ def embedding_model_name(cfg: Config) -> str:
 
 def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
     if cfg.embeddings.provider == "openai":
-        return OpenAIEmbedder(cfg.llm.embedding, cfg.embeddings.batch_size, share)
+        # Unless llm.embedding.concurrency says otherwise: up to its share of the job's llm.max_in_flight batches
+        # at once, paced by its share of the rate limit (8 at a time used a fifth of 600 RPM at 10 s of latency).
+        return OpenAIEmbedder(cfg.llm.embedding, cfg.embeddings.batch_size, share,
+                              math.ceil(cfg.llm.max_in_flight * share))
     return OfflineMiniLM()
 
 
@@ -133,6 +136,10 @@ def _embed_on_driver(texts: list[str], cfg: Config,
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     with _DRIVER_BLAS, threadpool_limits(cores):
         return _vectors(_embedder(cfg, 1.0), texts)
+
+
+# Most texts per executor task whose batches are journaled on the driver: its vectors are held in the task.
+JOURNALED_ROWS_PER_TASK = 10_000
 
 
 def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
@@ -241,8 +248,13 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     if n_missing:
         journal = Journal(journal_path)
         endpoint = None if is_connect(spark) else VectorJournal(spark, journal, cfg)
+        # A journaled task's retry pays again only for its batches in flight, so the task's size need not
+        # bound what a failure costs: one task per slot (up to JOURNALED_ROWS_PER_TASK rows), so that each
+        # pays the endpoint's latency once or twice, not once per llm.items_per_commit rows in waves of tasks.
+        rows_per_task = cfg.llm.items_per_commit if endpoint is None else max(
+            cfg.llm.items_per_commit, min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
         try:
-            fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, cfg.llm.items_per_commit),
+            fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task),
                                 endpoint.url if endpoint else None)
             store.write(fresh.where(F.col("vector").isNotNull())
                         .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),

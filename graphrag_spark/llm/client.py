@@ -342,15 +342,17 @@ def run_items(
     fn: Callable[[LlmClient, Item], Awaitable[T]],
     cfg: LlmModelConfig,
     share: float = 1.0,
+    concurrency: int | None = None,
 ) -> list[T]:
     """Run ``fn(client, item)`` for all items concurrently on one event loop and one client; results in input order.
 
-    The entry point for Spark pandas UDFs: ``share`` is this task's fraction of the job's budget.
+    The entry point for Spark pandas UDFs: ``share`` is this task's fraction of the job's budget;
+    ``concurrency`` replaces ``cfg.concurrency`` as the bound on calls in flight.
     """
     items = list(items)
 
     async def main() -> list[T]:
-        async with LlmClient(cfg, share) as client:
+        async with LlmClient(cfg, share, concurrency=concurrency) as client:
             return list(await asyncio.gather(*(fn(client, item) for item in items)))
 
     return _run_sync(main)
