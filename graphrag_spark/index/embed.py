@@ -60,7 +60,7 @@ def embedding_model_name(cfg: Config) -> str:
 def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
     if cfg.embeddings.provider == "openai":
         # Unless llm.embedding.concurrency says otherwise: up to its share of the job's llm.max_in_flight batches
-        # at once, paced by its share of the rate limit (8 at a time used a fifth of 600 RPM at 10 s of latency).
+        # at once, paced by its share of the rate limit (8 per task used 96 of 600 RPM at 10 s on 2 slots).
         return OpenAIEmbedder(cfg.llm.embedding, cfg.embeddings.batch_size, share,
                               math.ceil(cfg.llm.max_in_flight * share))
     return OfflineMiniLM()
