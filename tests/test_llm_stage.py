@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -273,3 +274,70 @@ def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, m
     assert [r[2] is None for r in rows] == [False, True, False, False]  # i1 (birch) failed
     assert {r[0]: (r[2], r[3]) for r in rows2}["i1"] == ('{"upper": "BIRCH"}', None)
     assert {r[0]: (r[2], r[3]) for r in rows2}["i4"] == (None, "no answer for dogwood")
+
+
+def _chain_follow_up():
+    """i0's answer makes 'i0-next' ready, whose answer makes 'i0-last' ready; nothing else follows."""
+    def follow_up(item_id: str, result, error) -> list[tuple[str, str]]:
+        if result is None:
+            return []
+        return {"i0": [("i0-next", f"what follows {result[:40]}")], "i0-next": [("i0-last", "the end")]}.get(item_id, [])
+    return follow_up
+
+
+def test_follow_ups_are_called_in_the_same_job_as_soon_as_their_answer_returns(spark, make_config):
+    from graphrag_spark.llm.stage import item_key, with_item_keys
+
+    echo, follow_up = _echo_fn(), _chain_follow_up()
+    items = spark.createDataFrame([("x", "any payload \u00e9")], "item_id string, payload string")
+    spark_key = with_item_keys(items, "echo", "local-model", "v1", {"a": 1}).first()["item_key"]
+    assert item_key("echo", "local-model", "v1", {"a": 1}, "any payload \u00e9") == spark_key
+    # Ten items of 0.5 s, two at a time (about 2.5 s): the chain's two follow-ups start as soon as their
+    # answer returns, ahead of the items not yet started, so they return before the last of the ten.
+    with start_server(seed=9, latency_s=0.5) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_in_flight=2")
+        store = T.TableStore(spark, cfg.storage)
+        outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 10), echo,
+                                       new_run_id(), "v1", {}, follow_up=follow_up)
+        rows = {r.item_id: r for r in outcome.collect()}
+        assert set(rows) == {f"i{i}" for i in range(10)} | {"i0-next", "i0-last"}
+        assert all(r.result is not None for r in rows.values())
+        assert (usage.items, usage.cache_hits, usage.calls) == (12, 0, 12)
+        created = {r.item_id: r.created_at for r in store.read(T.LLM_RESULTS).collect()}
+        assert created["i0-last"] < max(created[f"i{i}"] for i in range(10)), created
+        # Again: every answer is a cache hit, the follow-ups' too (found from their cached answers).
+        again, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 10), echo,
+                                     new_run_id(), "v1", {}, follow_up=follow_up)
+        assert (usage.items, usage.cache_hits, usage.calls) == (12, 12, 0)
+        assert {r.item_id: r.result for r in again.collect()} == {i: r.result for i, r in rows.items()}
+        assert server.stats()["served"]["chat"] == 12
+
+
+def test_a_retried_task_is_handed_again_the_follow_ups_it_had_not_returned(spark, make_config, tmp_path):
+    echo, follow_up = _echo_fn(), _chain_follow_up()
+    killed = str(tmp_path / "killed")
+
+    async def dies_on_a_follow_up(client, item: dict) -> LlmWork:
+        import os
+        import signal
+
+        from pyspark import TaskContext
+
+        if item["item_id"] == "i0-next" and TaskContext.get().attemptNumber() == 0:
+            open(killed, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies holding the follow-up, before calling it
+        return await echo(client, item)
+
+    with start_server(seed=10, latency_s=0.2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_in_flight=2")
+        store = T.TableStore(spark, cfg.storage)
+        outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, 6),
+                                       dies_on_a_follow_up, new_run_id(), "v1", {}, follow_up=follow_up)
+        served = server.stats()
+    assert os.path.exists(killed), "the first attempt died holding the follow-up"
+    assert {r.item_id for r in outcome.where("result is not null").collect()} == (
+        {f"i{i}" for i in range(6)} | {"i0-next", "i0-last"})
+    assert usage.items == 8 and usage.failures == 0
+    # The retry pays again at most what was in flight when the worker died (two calls), and the
+    # follow-ups once each.
+    assert 8 <= served["served"]["chat"] <= 10 and max(served["served_hashes"].values()) <= 2

@@ -16,6 +16,11 @@ the OS, a random token in every request) that the stage's tasks talk to:
   stage commits the buffer to Delta every ``llm.commit_interval_s``; a stage that starts finds
   an earlier crash's journal and commits what it holds first. A driver crash therefore loses at
   most the calls in flight.
+- ``/more`` (a stage with follow-ups only): the items that answers of this stage made ready on
+  the driver (a parent community's report context once its sub-reports are written), handed to
+  the first task that asks, ahead of its items not yet started; long-polled until every item,
+  follow-ups included, has returned. A retried task attempt is handed its partition's follow-ups
+  that had not returned again.
 
 Usage is computed here from the rows received (no scan of ``llm_results``): calls, retries,
 429s, tokens, and service latency and queue wait as separate percentiles.
@@ -38,7 +43,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -200,8 +205,13 @@ def _handler(token: str, routes: dict[str, Any]):
     return Handler
 
 
+# How long a task's ``/more`` waits for follow-ups before it asks again.
+_MORE_POLL_S = 5.0
+
+
 class Coordinator:
-    def __init__(self, host: str, model: ModelBudget, max_in_flight: int, journal: Path, tasks: int = 1) -> None:
+    def __init__(self, host: str, model: ModelBudget, max_in_flight: int, journal: Path, tasks: int = 1,
+                 follow: Callable[[dict], list[dict]] | None = None, expected: int = 0) -> None:
         self._model = model
         self._max_in_flight = max_in_flight
         self._tasks = tasks  # the tasks expected to run at once: a task that starts first must not take every slot
@@ -213,10 +223,21 @@ class Coordinator:
         self._finished_tasks = 0
         self.on_result = None  # a callable(row) the stage may set (progress)
         self._journal = Journal(journal)
+        # Follow-ups: ``follow(row)`` gives the records a returned row made ready. The stage stays open
+        # while fewer than ``expected`` distinct items returned, or a row's follow-ups are being made.
+        self._follow = follow
+        self._expected = expected
+        self._following = 0
+        self._late: list[dict] = []  # follow-ups no task has taken yet
+        self._handed: dict[int, list[dict]] = {}  # per partition, the follow-ups its attempts took
+        self._attempts: dict[int, int] = {}
+        self._changed = threading.Condition(self._lock)
+        self.follow_error: BaseException | None = None
         routes = {"start": lambda b: self.start(b["keys"]), "finish": lambda b: self.finish(),
                   "acquire": lambda b: self.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
                                                     b.get("latencies", [])),
-                  "result": lambda b: self.result(b["row"])}
+                  "result": lambda b: self.result(b["row"]),
+                  "more": lambda b: self.more(b["partition"], b["attempt"])}
         self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
         self.url = self._endpoint.url
 
@@ -236,7 +257,8 @@ class Coordinator:
     def start(self, keys: list[str]) -> dict:
         with self._lock:
             self._active_tasks += 1
-            return {"todo": [k for k in keys if k not in self._done], "window": self.window()}
+            return {"todo": [k for k in keys if k not in self._done], "window": self.window(),
+                    "follow_ups": self._follow is not None}
 
     def finish(self) -> dict:
         with self._lock:
@@ -263,9 +285,48 @@ class Coordinator:
             self._done.add(row["item_key"])
             self._buffer.append(row)
             self._rows.append(row)
+            self._following += self._follow is not None
         if self.on_result is not None:
             self.on_result(row)
+        if self._follow is not None:
+            records: list[dict] = []
+            try:
+                if self.follow_error is None:
+                    records = self._follow(row)
+            except BaseException as exc:  # noqa: BLE001 - no more follow-ups; the stage raises it once its calls end
+                self.follow_error = exc
+            with self._changed:
+                self._late.extend(records)
+                self._expected += len(records)
+                self._following -= 1
+                self._changed.notify_all()
         return {}
+
+    def _open(self) -> bool:
+        return self._following > 0 or len(self._rows) < self._expected
+
+    def more(self, partition: int, attempt: int) -> dict:
+        """Follow-ups for a task of ``partition``: a new attempt first gets again what its partition took and
+        did not return; then the ones no task took. Waits up to ``_MORE_POLL_S`` for some while the stage is open."""
+        deadline = time.monotonic() + _MORE_POLL_S
+        with self._changed:
+            handed = self._handed.setdefault(partition, [])
+            given = []
+            if self._attempts.get(partition, -1) < attempt:
+                self._attempts[partition] = attempt
+                given = [record for record in handed if record["item_key"] not in self._done]
+
+            def current() -> bool:  # an earlier attempt's poll (its worker may be dead) takes nothing
+                return self._attempts[partition] == attempt
+
+            while current() and not given and not self._late and self._open() and time.monotonic() < deadline:
+                self._changed.wait(max(0.0, deadline - time.monotonic()))
+            if not current():
+                return {"records": [], "open": self._open()}
+            given += self._late
+            handed += self._late
+            self._late = []
+            return {"records": given, "open": self._open()}
 
     # -- what the stage calls --------------------------------------------------------------
     def take_buffer(self) -> list[dict]:

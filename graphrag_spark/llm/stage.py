@@ -31,12 +31,14 @@ committed when its job returns (a client that goes down loses at most one wave's
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import secrets
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,10 +106,20 @@ def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
 
+def _key_prefix(stage: str, model: str, prompt_version: str, params: dict) -> str:
+    return "\x1f".join([stage, model, prompt_version, json.dumps(params, sort_keys=True)])
+
+
 def with_item_keys(items: DataFrame, stage: str, model: str, prompt_version: str, params: dict) -> DataFrame:
     """Add ``item_key``: sha256 of everything that determines the answer (computed in Spark SQL)."""
-    fixed = "\x1f".join([stage, model, prompt_version, json.dumps(params, sort_keys=True)])
+    fixed = _key_prefix(stage, model, prompt_version, params)
     return items.withColumn("item_key", F.substring(F.sha2(F.concat_ws("\x1f", F.lit(fixed), F.col("payload")), 256), 1, 32))
+
+
+def item_key(stage: str, model: str, prompt_version: str, params: dict, payload: str) -> str:
+    """``with_item_keys``'s key of one payload, in Python (an item made on the driver)."""
+    text = _key_prefix(stage, model, prompt_version, params) + "\x1f" + payload
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 def _work_row(run_id: str, stage: str, model: str, key: str, item_id: str, work: LlmWork) -> dict:
@@ -134,14 +146,22 @@ def _safe(work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]]):
     return run
 
 
-async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfig, row_of) -> list[LlmWork]:
+async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfig, row_of,
+                    partition: int = 0, attempt: int = 0) -> list[LlmWork]:
     """One task: its items not yet returned (asked from the coordinator), each started as soon as
-    the window allows, each row sent to the coordinator as soon as the item returns."""
+    the window allows, each row sent to the coordinator as soon as the item returns. In a stage with
+    follow-ups the task also takes the ones the coordinator hands it (``/more``), ahead of its items
+    not yet started, until the stage has nothing left."""
     works: list[LlmWork] = []
     budget = RemoteBudget(url, 1)
     started = await budget.post("start", {"keys": [r["item_key"] for r in records]})
     todo, budget.window = set(started["todo"]), started["window"]
-    queue = [r for r in records if r["item_key"] in todo]
+    queue = deque(r for r in records if r["item_key"] in todo)
+
+    def ask_more() -> asyncio.Task:
+        return asyncio.create_task(budget.post("more", {"partition": partition, "attempt": attempt}))
+
+    more = ask_more() if started.get("follow_ups") else None
     try:
         async with LlmClient(model, limiter=budget, concurrency=_UNBOUNDED) as client:
             async def one(record: dict) -> None:
@@ -150,17 +170,68 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
                 works.append(work)
 
             running: set[asyncio.Task] = set()
-            position = 0
-            while position < len(queue) or running:
-                while position < len(queue) and len(running) < budget.window:
-                    running.add(asyncio.create_task(one(queue[position])))
-                    position += 1
-                finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
+            while queue or running or more is not None:
+                while queue and len(running) < budget.window:
+                    running.add(asyncio.create_task(one(queue.popleft())))
+                finished, _ = await asyncio.wait(running | ({more} if more is not None else set()),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                if more in finished:
+                    answer = more.result()
+                    queue.extendleft(reversed(answer["records"]))
+                    more = ask_more() if answer["open"] else None
+                for task in finished & running:
+                    running.discard(task)
                     task.result()
     finally:
+        if more is not None:
+            more.cancel()
         await budget.post("finish", {})
     return works
+
+
+class FollowUps:
+    """A stage's follow-ups (``run_llm_stage``'s ``follow_up``): every answered item is handed to ``follow_up``
+    once, under one lock; the items it makes ready are keyed like the stage's, and those whose answer is
+    known (cached in ``llm_results``, or already answered in this stage) are answered at once in turn.
+    ``after`` returns the records to call; an item whose key is being called waits for that call."""
+
+    def __init__(self, follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]],
+                 key_of: Callable[[str], str], lookup: Callable[[set[str]], dict], ids_of_key: dict[str, list[str]]):
+        self._follow_up, self._key_of, self._lookup = follow_up, key_of, lookup
+        self._ids = {key: list(ids) for key, ids in ids_of_key.items()}  # every key this stage holds -> its item ids
+        self.answered: dict[str, tuple[str | None, str | None]] = {}  # key -> (result, error)
+        self._lock = threading.Lock()
+        self.items: list[dict] = []  # every follow-up: item_id, payload, item_key
+        self.cache_hits: set[str] = set()
+
+    def after(self, answers: list[tuple[str, str | None, str | None]]) -> list[dict]:
+        """``answers``: (item_key, result, error) of items just answered; returns the follow-ups to call."""
+        with self._lock:
+            to_call: list[dict] = []
+            # (key, the item ids to follow, its answer): an answer is followed for every item of its key.
+            todo = [(key, list(self._ids.get(key, ())), result, error) for key, result, error in answers]
+            while todo:
+                key, ids, result, error = todo.pop(0)
+                self.answered[key] = (result, error)
+                made = [{"item_id": new_id, "payload": payload, "item_key": self._key_of(payload)}
+                        for item_id in ids for new_id, payload in self._follow_up(item_id, result, error)]
+                unknown = {r["item_key"] for r in made} - set(self._ids)
+                cached = {k: a for k, a in self._lookup(unknown).items() if a[1] is None} if unknown else {}
+                for record in made:
+                    made_key, made_id = record["item_key"], record["item_id"]
+                    self.items.append(record)
+                    if made_key in self._ids:  # answered already, or being called: it follows that answer
+                        self._ids[made_key].append(made_id)
+                        if made_key in self.answered:
+                            todo.append((made_key, [made_id], *self.answered[made_key]))
+                        continue
+                    self._ids[made_key] = [made_id]
+                    if made_key in cached:
+                        self.cache_hits.add(made_key)
+                        todo.append((made_key, [made_id], *cached[made_key]))
+                    else:
+                        to_call.append(record)
+            return to_call
 
 
 class FreshResults:
@@ -266,18 +337,29 @@ def driver_host(spark: SparkSession) -> str:
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
                      pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
-                     returned: list[dict] | None) -> UsageFigures:
-    """The calls of ``pending`` (split into ``n_tasks`` partitions) in one Spark job, each task talking to
-    the driver's coordinator."""
+                     returned: list[dict] | None, follow: FollowUps | None = None, n_pending: int = 0) -> UsageFigures:
+    """The calls of ``pending`` (``n_pending`` items split into ``n_tasks`` partitions) in one Spark job, each
+    task talking to the driver's coordinator; with ``follow``, the follow-ups too."""
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
+
+    def follow_row(row: dict) -> list[dict]:
+        records = follow.after([(row["item_key"], row["result"], row["error"])])
+        meter.total += len(records)
+        return records
+
     coordinator = Coordinator(driver_host(spark), budget, llm.max_in_flight, journal,
-                              tasks=min(n_tasks, default_parallelism(spark)))
+                              tasks=min(n_tasks, default_parallelism(spark)),
+                              follow=None if follow is None else follow_row, expected=n_pending)
     coordinator.on_result = lambda row: meter.committed(1)
     url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        from pyspark import TaskContext
+
         records = [record for frame in frames for record in frame.to_dict("records")]
-        works = asyncio.run(_run_task(records, url, safe_fn, model, row_of))
+        context = TaskContext.get()
+        works = asyncio.run(_run_task(records, url, safe_fn, model, row_of, context.partitionId(),
+                                      context.attemptNumber()))
         tally.add(works)
         yield pd.DataFrame({"n": [len(works)]})
 
@@ -303,6 +385,8 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     journal.unlink(missing_ok=True)
     if failure:
         raise failure[0]
+    if coordinator.follow_error is not None:
+        raise coordinator.follow_error
     return coordinator.usage()
 
 
@@ -352,8 +436,17 @@ def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
 
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
                   items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
-                  prompt_version: str, params: dict) -> tuple[DataFrame, StageUsage]:
-    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items."""
+                  prompt_version: str, params: dict,
+                  follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]] | None = None,
+                  ) -> tuple[DataFrame, StageUsage]:
+    """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items.
+
+    ``follow_up(item_id, result, error)``, called on the driver with each item's answer (cache hits first,
+    then each as it returns), gives the items of this stage (item_id, payload) that this answer makes
+    ready: they are called in the same Spark job, ahead of the items not yet started, so work that waits
+    for other answers does not wait for the whole stage. Only a driver-side stage with a coordinator (up
+    to ``DRIVER_STAGE_ITEMS`` items, not Spark Connect) takes follow-ups; elsewhere ``follow_up`` is not
+    called, and the caller runs what is left once the stage returns."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     journal = stage_journal(store, stage)
@@ -363,6 +456,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # One task reads until it has one item more than the bound: one job, however many partitions.
     few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
     on_driver = len(few) <= DRIVER_STAGE_ITEMS
+    follow: FollowUps | None = None
     if on_driver:
         # The cache lookup and the outcome in Python: one read of the stage's rows of these keys, no
         # shuffles, and this run's rows kept as they are committed rather than read back.
@@ -371,6 +465,15 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         unique = {row["item_key"]: row for row in few}
         cached = {key for key, (_, error) in answers.items() if error is None}
         pending_rows = [row for key, row in unique.items() if key not in cached]
+        if follow_up is not None and not is_connect(spark):
+            ids_of_key: dict[str, list[str]] = {}
+            for row in few:
+                ids_of_key.setdefault(row["item_key"], []).append(row["item_id"])
+            follow = FollowUps(follow_up, lambda payload: item_key(stage, model.model, prompt_version, params, payload),
+                               lambda keys: _answers(store, stage, keys), ids_of_key)
+            # The cache hits' follow-ups first: ready now, they may be what the rest of the stage waits for.
+            ready = follow.after([(key, *answers[key]) for key in unique if key in cached])
+            pending_rows = [tuple(record[name] for name in keyed.columns) for record in ready] + pending_rows
         n_items, n_pending = len(unique), len(pending_rows)
         pending = None
         returned: list[dict] | None = []
@@ -413,15 +516,22 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             pending = (pending.repartition(n_tasks) if pending_rows is None else spark.createDataFrame(
                 spark.sparkContext.parallelize([tuple(row) for row in pending_rows], n_tasks), keyed.schema))
             figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
-                                       returned)
+                                       returned, follow, n_pending)
         _compact(spark, store, llm.max_result_files)
 
-    usage = _usage(stage, figures, n_items, n_items - n_pending, model, time.perf_counter() - started)
+    cache_hits = n_items - n_pending
+    listed = few
+    if follow is not None:
+        followed = {record["item_key"]: record for record in follow.items if record["item_key"] not in unique}
+        n_items, cache_hits = n_items + len(followed), len(cached) + len(follow.cache_hits)
+        answers.update(follow.answered)
+        listed = few + follow.items
+    usage = _usage(stage, figures, n_items, cache_hits, model, time.perf_counter() - started)
     if on_driver:
         answers.update({row["item_key"]: (row["result"], row["error"]) for row in returned})
         # From pandas: a local relation, which the caller's reads (and checkpoints) take from the plan, no job.
         outcome = spark.createDataFrame(
-            pd.DataFrame([(row["item_id"], row["item_key"], *answers.get(row["item_key"], (None, None))) for row in few],
+            pd.DataFrame([(row["item_id"], row["item_key"], *answers.get(row["item_key"], (None, None))) for row in listed],
                          columns=["item_id", "item_key", "result", "error"], dtype=object),
             "item_id string, item_key string, result string, error string")
     else:
