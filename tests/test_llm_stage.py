@@ -203,7 +203,7 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     waits = [budget.reserve(10) for _ in range(100)]  # 100 callers at once, e.g. 50 tasks x 2
     assert waits[0] == 0 and waits == sorted(waits)
     assert waits[-1] == pytest.approx(99 / 10.0, abs=0.11), "10 requests/s, one after the other"
-    tokens = JobBudget(10**6, 6000, headroom=1.0, clock=lambda: now["t"])
+    tokens = JobBudget(10**6, 6000, headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
     assert tokens.reserve(50) == 0 and tokens.reserve(100) == pytest.approx(0.5, abs=0.01)  # 100 tokens/s
     # Little's law: 10 calls/s at 10 s each keep 100 in flight (twice that with the margin for the
     # items waiting at the budget, plus 2 s of calls for the items' own work); 1 s keeps ~40.
@@ -341,3 +341,23 @@ def test_a_retried_task_is_handed_again_the_follow_ups_it_had_not_returned(spark
     # The retry pays again at most what was in flight when the worker died (two calls), and the
     # follow-ups once each.
     assert 8 <= served["served"]["chat"] <= 10 and max(served["served_hashes"].values()) <= 2
+
+
+def test_no_minute_of_budget_sends_sees_the_limit_and_a_long_stretch_runs_at_it():
+    from bisect import bisect_left
+
+    from graphrag_spark.llm.throttle import JobBudget
+
+    # Callers keep about 20 reservations ahead for 300 s, with two idle gaps (the budget refills: bursts).
+    now = {"t": 0.0}
+    budget = JobBudget(600, 10**9, clock=lambda: now["t"])
+    sends: list[float] = []
+    for step in range(30_000):
+        now["t"] = step / 100
+        idle = 70 <= now["t"] < 75 or 140 <= now["t"] < 200
+        while not idle and sum(1 for sent in sends[-40:] if sent > now["t"]) < 20:
+            sends.append(now["t"] + budget.reserve(10))
+    sends.sort()
+    busiest = max(bisect_left(sends, start + 60.0) - i for i, start in enumerate(sends))
+    assert busiest <= 0.99 * 600, "a 60 s window at the provider stays below the limit, with room for jitter"
+    assert bisect_left(sends, 270.0) - bisect_left(sends, 210.0) >= 0.98 * 600, "a long busy stretch runs at the limit"

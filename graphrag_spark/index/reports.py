@@ -235,8 +235,9 @@ def reused_report(row: dict) -> dict:
             "level": row["level"], **report, "findings": [dict(f) for f in as_list(row["child_findings"])]}
 
 
-def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
-    """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage."""
+def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, follow_up=None):
+    """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage.
+    ``follow_up``: ``run_llm_stage``'s (contexts made ready by answers of the stage)."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
 
@@ -248,7 +249,8 @@ def _report_stage(spark, store, cfg, built: DataFrame, run_id: str):
         return await write_report(client, item["payload"], prompt, max_tokens, item["item_id"])
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
-                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature})
+                                   prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature},
+                                   follow_up)
     return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
 
 
@@ -325,7 +327,10 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
     first = {c: build_context(rows[c], max_input) for c in originals}
     waits = {c for c in originals if first[c]["truncated"] and rows[c]["children"]}
     trimmed = sum(first[c]["truncated"] for c in originals if c not in waits)
-    answers, usage = _driver_answers(spark, store, cfg, run_id, [first[c] for c in originals if c not in waits])
+    waiting = _WaitingContexts(rows, origins, waits, max_input, max_findings)
+    # The reports the waiting contexts need go first: their answers return early in the stage.
+    ready = sorted((c for c in originals if c not in waits), key=lambda c: c not in waiting.needed)
+    answers, usage = _driver_answers(spark, store, cfg, run_id, [first[c] for c in ready], waiting.answered)
     usages = [usage]
     # A failed call with sub-communities: its stand-in names them, so it is written at its level's turn.
     restated = {c for c in originals if c not in waits and answers[rows[c]["id"]] is None and rows[c]["children"]}
@@ -336,23 +341,21 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
     def report_of(community: int) -> dict:
         """A finished report; a copy's is its origin's (finished before the copy's parent level starts)."""
         if community not in reports:
-            origin = reports[origins[community]]
-            reports[community] = reused_report({"id": rows[community]["id"], "community": community,
-                                                "level": rows[community]["level"],
-                                                **{f"child_{name}": value for name, value in origin.items()}})
+            reports[community] = _carried_report(rows[community], reports[origins[community]])
         return reports[community]
 
     substituted = {}
     for level in sorted({rows[c]["level"] for c in later}, reverse=True):
-        level_rows = {c: {**rows[c], "sub_reports": [
-            {**{name: report_of(child)[name] for name in ("community", "title", "summary", "full_content", "method")},
-             "entity_ids": rows[child]["entity_ids"], "relationship_ids": rows[child]["relationship_ids"]}
-            for child in rows[c]["children"]]} for c in later if rows[c]["level"] == level}
-        built = {c: build_context(row, max_input) for c, row in level_rows.items() if c in waits}
+        level_rows = {c: {**rows[c], "sub_reports": _sub_reports(rows, rows[c]["children"], report_of)}
+                      for c in later if rows[c]["level"] == level}
+        # Built and answered in the first stage already where every sub-report was written by then.
+        built = {c: waiting.built.get(c) or build_context(row, max_input) for c, row in level_rows.items() if c in waits}
         if built:
-            late, usage = _driver_answers(spark, store, cfg, run_id, list(built.values()))
-            usages.append(usage)
-            answers.update(late)
+            unanswered = [context for context in built.values() if context["id"] not in answers]
+            if unanswered:
+                late, usage = _driver_answers(spark, store, cfg, run_id, unanswered)
+                usages.append(usage)
+                answers.update(late)
             substituted[level] = sum(bool(context["substituted"]) for context in built.values())
             trimmed += sum(context["truncated"] for context in built.values())
         for c, row in level_rows.items():
@@ -364,14 +367,67 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
     return substituted, trimmed, usages
 
 
+def _carried_report(row: dict, origin: dict) -> dict:
+    """The report of the community ``row`` (a context row) that carries ``origin``'s report (same members)."""
+    return reused_report({"id": row["id"], "community": row["community"], "level": row["level"],
+                          **{f"child_{name}": value for name, value in origin.items()}})
+
+
+def _sub_reports(rows: dict[int, dict], children: list[int], report_of: Callable[[int], dict]) -> list[dict]:
+    """A context row's ``sub_reports``: each sub-community's finished report with its members."""
+    return [{**{name: report_of(child)[name] for name in ("community", "title", "summary", "full_content", "method")},
+             "entity_ids": rows[child]["entity_ids"], "relationship_ids": rows[child]["relationship_ids"]}
+            for child in children]
+
+
+class _WaitingContexts:
+    """The follow-ups of the driver's first report stage: a context that waits for its sub-reports is built,
+    and called in that same stage, as soon as the report of every sub-community (a copy's: its origin's)
+    is answered, not after the whole stage. One whose sub-community failed is left to the level loop (the
+    failed one's extractive stand-in is written there). ``built``: community -> its context."""
+
+    def __init__(self, rows: dict[int, dict], origins: dict[int, int], waits: set[int], max_input: int,
+                 max_findings: int):
+        self._rows, self._origins, self._max_input, self._max_findings = rows, origins, max_input, max_findings
+        self._community_of = {row["id"]: c for c, row in rows.items()}
+        self._needs = {c: {origins.get(child, child) for child in rows[c]["children"]} for c in waits}
+        self._needed_by: dict[int, list[int]] = {}
+        for community, needs in self._needs.items():
+            for need in needs:
+                self._needed_by.setdefault(need, []).append(community)
+        self.needed = set(self._needed_by) - waits
+        self._answered: dict[int, str] = {}  # community -> its report JSON (answered, not failed)
+        self.built: dict[int, dict] = {}
+
+    def _report_of(self, community: int) -> dict:
+        origin = self._origins.get(community, community)
+        report = final_report({**self._rows[origin], "result": self._answered[origin]}, self._max_findings)
+        return report if origin == community else _carried_report(self._rows[community], report)
+
+    def answered(self, item_id: str, result: str | None, error: str | None) -> list[tuple[str, str]]:
+        if result is None:
+            return []
+        answered = self._community_of[item_id]
+        self._answered[answered] = result
+        made = []
+        for community in self._needed_by.get(answered, ()):
+            if community not in self.built and self._needs[community] <= self._answered.keys():
+                row = {**self._rows[community],
+                       "sub_reports": _sub_reports(self._rows, self._rows[community]["children"], self._report_of)}
+                self.built[community] = context = build_context(row, self._max_input)
+                made.append((context["id"], context["context"]))
+        return made
+
+
 def _records(df: DataFrame) -> list[dict]:
     return [row.asDict(recursive=True) for row in df.collect()]
 
 
-def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict]) -> tuple[dict, object]:
-    """One LLM stage over contexts built on the driver: their answers by community id (None: failed)."""
+def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict], follow_up=None) -> tuple[dict, object]:
+    """One LLM stage over contexts built on the driver: their answers by community id (None: failed), the
+    follow-ups' (``_report_stage``) too."""
     built = spark.createDataFrame([(c["id"], c["context"]) for c in contexts], "id string, context string")
-    outcome, usage = _report_stage(spark, store, cfg, built, run_id)
+    outcome, usage = _report_stage(spark, store, cfg, built, run_id, follow_up)
     return {row["id"]: row["result"] for row in outcome.collect()}, usage
 
 
