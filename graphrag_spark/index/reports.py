@@ -15,9 +15,13 @@ LLM reports (``build_llm_reports``) are scheduled so the rate budget is not idle
 - Every other community whose elements fit the context budget, or that has no sub-communities,
   does not depend on any finer report (the paper's context is then its elements alone): all of
   them, at every level, are called in one LLM stage at once.
-- Only the communities that overflow and have sub-communities wait for the finer level: they are
-  called level by level, deepest first, with the finished sub-reports substituted. So are the
-  extractive stand-ins of failed calls with sub-communities (they name them; no call).
+- Only the communities that overflow and have sub-communities wait for the finer level: each is
+  built with its finished sub-reports substituted. On the driver (below) it is built and called in
+  that same stage as soon as its sub-communities' reports are answered (the stage's follow-ups; those
+  sub-communities are called first), so it costs no stage, and no latency, of its own. Otherwise, and
+  where a sub-community's call failed, they are called level by level after it, deepest first. The
+  extractive stand-ins of failed calls with sub-communities are written level by level too (they name
+  their sub-communities; no call).
 - Every level is written in one commit: the levels with nothing waiting cost no Spark job of their
   own (only a waiting level's reports are materialised, as the next level's sub-reports).
 - A small graph (``DRIVER_REPORT_MEMBERS``) follows the same schedule on the driver: its elements are
