@@ -141,6 +141,9 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     assert usage["summarize_entities"].items == several.count() > 0
     assert store.read(T.ENTITIES).join(several, "title").where(F.col("description") == F.col("joined")).count() == 0
     assert kinds["summarize_descriptions"] == usage["summarize_entities"].calls + usage["summarize_relationships"].calls
+    # The reports ran beside the summaries: contexts that waited for summaries were built as they came
+    # (the same contexts as from the summarized tables: test_reports_built_on_the_driver_equal_the_spark_path).
+    assert summary.counts["report contexts built as their summaries came"] > 0
 
     assert llm_index.nothing_changed, "a refresh of the same input skips every stage"
     rerun = llm_index.rerun

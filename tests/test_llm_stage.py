@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -341,6 +342,63 @@ def test_a_retried_task_is_handed_again_the_follow_ups_it_had_not_returned(spark
     # The retry pays again at most what was in flight when the worker died (two calls), and the
     # follow-ups once each.
     assert 8 <= served["served"]["chat"] <= 10 and max(served["served_hashes"].values()) <= 2
+
+
+def test_a_fed_stage_calls_what_another_stage_publishes_as_it_comes_and_ends_once_it_is_closed(spark, make_config):
+    from graphrag_spark.llm.stage import Feed
+
+    echo, follow_up = _echo_fn(), _chain_follow_up()
+
+    def to_items(events: list) -> list[tuple[str, str]]:
+        return [(f"i{event}", f"payload of {event}") for event in events]
+
+    def publish(feed: Feed, events: list, pause_s: float, failure: Exception | None = None,
+                closes_after=lambda: True) -> threading.Thread:
+        def run() -> None:
+            for event in events:
+                time.sleep(pause_s)
+                feed.put([event])
+            deadline = time.monotonic() + 60
+            while not closes_after() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            closed_early.append(closes_after())
+            feed.close(failure)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    no_items = spark.createDataFrame([], "item_id string, payload string")
+    with start_server(seed=11, latency_s=0.2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_in_flight=4")
+        store = T.TableStore(spark, cfg.storage)
+        feed, closed_early = Feed(), []
+        feed.put([0])  # published before the stage starts: among its first items
+        # The feed is closed only once all six calls were served: they are made as their items come.
+        publisher = publish(feed, [1, 2, 3], 0.5, closes_after=lambda: server.stats()["served"]["chat"] >= 6)
+        outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", no_items, echo, new_run_id(), "v1",
+                                       {}, follow_up=follow_up, feed=feed, feed_items=to_items)
+        publisher.join()
+        rows = {r.item_id: r for r in outcome.collect()}
+        # The fed items and the follow-up chain of one of them, each called once, all in the stage.
+        assert set(rows) == {"i0", "i1", "i2", "i3", "i0-next", "i0-last"}
+        assert all(r.result is not None for r in rows.values())
+        assert (usage.items, usage.cache_hits, usage.calls) == (6, 0, 6)
+        assert closed_early == [True], "the items were called while the feed was open"
+        # Again, the feed closed before the stage starts: every answer is a cache hit.
+        again = Feed()
+        publish(again, [0, 1, 2, 3], 0.0).join()
+        _, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", no_items, echo, new_run_id(), "v1", {},
+                                 follow_up=follow_up, feed=again, feed_items=to_items)
+        assert (usage.items, usage.cache_hits, usage.calls) == (6, 6, 0)
+        # A publisher that fails: the stage raises once its calls have returned.
+        failing = Feed()
+        publisher = publish(failing, [4], 0.5, RuntimeError("summaries broke"),
+                            closes_after=lambda: server.stats()["served"]["chat"] >= 7)
+        with pytest.raises(RuntimeError, match="feeding this one failed: summaries broke"):
+            run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "echo", no_items, echo, new_run_id(), "v1", {},
+                          feed=failing, feed_items=to_items)
+        publisher.join()
+        assert server.stats()["served"]["chat"] == 7
 
 
 def test_no_minute_of_budget_sends_sees_the_limit_and_a_long_stretch_runs_at_it():

@@ -9,8 +9,10 @@ one ``index_runs`` row at the end; until then readers keep seeing the previous r
 Stages that do not depend on each other run at the same time (``run_stages``): a stage starts as
 soon as the stages it comes ``after`` are done, in a driver thread of its own, with its Spark jobs
 in a fair-scheduler pool of its own. Text-unit embeddings run while entities are extracted, and the
-communities while descriptions are summarized. No two concurrent stages write the same table, so
-the tables are those of the sequential order, and every LLM result is committed per item as before.
+communities while descriptions are summarized. A stage may run ``beside`` one whose outputs it reads,
+taking what that one publishes as it comes: the reports start while the summaries' last calls are out.
+No two concurrent stages write the same table, so the tables are those of the sequential order, and
+every LLM result is committed per item as before.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from graphrag_spark.index.embed import build_embeddings
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
-from graphrag_spark.llm.stage import FreshResults, StageUsage, append_usage, new_run_id
+from graphrag_spark.llm.stage import DRIVER_STAGE_ITEMS, Feed, FreshResults, StageUsage, append_usage, new_run_id
 from graphrag_spark.session import warm_python_workers
 
 
@@ -108,6 +110,11 @@ class Run:
     # Tables this run wrote, cached as written: a later stage reads them from memory, not back from Delta
     # (a read of a table just written costs a snapshot and a file-listing Spark job before any row).
     written: dict[str, DataFrame] = field(default_factory=dict)
+    # The description summaries' answers, (element id, summary), for the reports that run beside them; closed
+    # when the summaries stage ends. ``summarized_ids``: the ids it publishes one by one as they are answered
+    # (a full build's driver-side graph and summaries), else None: the reports wait for the close.
+    summaries: Feed = field(default_factory=Feed)
+    summarized_ids: set[str] | None = None
 
     def table(self, name: str) -> DataFrame:
         """The rows of ``name`` as this run wrote them (cached), else the live table."""
@@ -150,8 +157,10 @@ class Stage:
     incremental: str  # what a refresh recomputes and what it keeps
     run: Callable[[Run], None]
     applies: Callable[[Config], bool] = lambda cfg: True
-    # The stages this one waits for; None: every earlier stage that writes one of its inputs.
+    # The stages this one waits for; None: every earlier stage that writes one of its inputs, but those it
+    # runs ``beside``: it starts before they end and takes what they publish as it comes (``Run.summaries``).
     after: tuple[str, ...] | None = None
+    beside: tuple[str, ...] = ()
 
 
 def _new_ids(current: DataFrame, before: DataFrame | None) -> DataFrame:
@@ -348,6 +357,9 @@ def graph_stage(run: Run) -> None:
                      T.RELATIONSHIPS: built.edges.where(several).select("id", "source", "target", "descriptions")}
         run.described = described if on_driver else {
             name: store.checkpoint(frame, f"described_{name}") for name, frame in described.items()}
+        if built.several is not None and run.previous is None and not is_connect(run.spark) and all(
+                len(ids) <= DRIVER_STAGE_ITEMS for ids in built.several):  # the summaries publish them one by one
+            run.summarized_ids = set().union(*built.several)
     run.summary.counts["graph aggregated"] = "on the driver" if on_driver else "in Spark SQL"
     run.summary.counts.update(built.dropped())
     isolated = built.isolated()
@@ -373,6 +385,7 @@ class BuiltGraph:
     dropped: Callable[[], dict[str, int]]
     isolated: Callable[[], int]
     persisted: tuple[DataFrame, ...] = ()
+    several: tuple[list[str], list[str]] | None = None  # on the driver: the ids of entities, relationships with 2+ descriptions
 
 
 def _spark_graph(run: Run, min_mentions: int) -> BuiltGraph:
@@ -413,14 +426,22 @@ def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
     if run.previous is None:  # written as they are (a refresh renumbers them)
         run.graph_rows = (built.entities[["human_readable_id", "id", "title", "degree"]],
                           built.relationships[["id", "source", "target", "weight", "text_unit_ids"]])
+    several = tuple(list(rows.loc[rows["descriptions"].map(len) >= 2, "id"])
+                    for rows in (built.entities, built.relationships))
     return BuiltGraph(entities, relationships, entities, relationships, dropped=lambda: built.dropped,
-                      isolated=lambda: isolated)
+                      isolated=lambda: isolated, several=several)
 
 
 def summarize_stage(run: Run) -> None:
     # A full build summarizes every element with several descriptions: no join with the changed ids.
     only = None if run.previous is None else {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
-    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described, run.written)
+    try:
+        usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described, run.written,
+                                 run.summaries.put if run.summarized_ids is not None else None)
+    except BaseException as exc:
+        run.summaries.close(exc)
+        raise
+    run.summaries.close()
     run.summary.usage += usages
     run.summary.counts["summaries failed (descriptions kept joined, retried next run)"] = sum(u.failures for u in usages)
 
@@ -446,7 +467,8 @@ def communities_stage(run: Run) -> None:
 
 
 def reports_stage(run: Run) -> None:
-    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.table)
+    summaries = run.summaries if _llm_summaries(run.cfg) else None
+    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.table, summaries, run.summarized_ids)
 
 
 def text_unit_embeddings_stage(run: Run) -> None:
@@ -484,9 +506,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("communities", (T.ENTITIES, T.RELATIONSHIPS), (T.COMMUNITIES,),
           "Leiden seeded with the published level-0 partition; a published community whose edges did not change "
           "is kept whole; ids from members, numbers kept", communities_stage, after=("graph",)),
+    # Beside the summaries: a full build's driver-side report context is built and called as soon as the
+    # summaries of its elements are answered; otherwise the stage waits for the summaries to end.
     Stage("community_reports", (T.COMMUNITIES, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS), (T.COMMUNITY_REPORTS,),
           "bottom-up; a context already reported is a cache hit, so only changed contexts are paid for",
-          reports_stage),
+          reports_stage, beside=("summarize_descriptions",)),
     Stage("entity_embeddings", (T.ENTITIES,), (T.ENTITY_EMBEDDINGS,),
           "embed only new or changed descriptions; the others keep their vectors", entity_embeddings_stage),
 )
@@ -638,10 +662,12 @@ def _append_deferred_usage(store: T.TableStore) -> None:
 
 def stage_predecessors(stages: tuple[Stage, ...]) -> dict[str, set[str]]:
     """Per stage, the stages it waits for: its declared ``after``, else every earlier stage that
-    writes one of its inputs (each stage reads its inputs only once those writers are done)."""
+    writes one of its inputs (each stage reads its inputs only once those writers are done) but the
+    ones it runs ``beside``."""
     names = {stage.name for stage in stages}
     return {stage.name: ({name for name in stage.after if name in names} if stage.after is not None else
-                         {earlier.name for earlier in stages[:i] if set(earlier.outputs) & set(stage.inputs)})
+                         {earlier.name for earlier in stages[:i]
+                          if set(earlier.outputs) & set(stage.inputs) and earlier.name not in stage.beside})
             for i, stage in enumerate(stages)}
 
 
@@ -727,17 +753,21 @@ def _run_stages(run: Run, published) -> dict[str, int]:
 
 
 def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str, summary: RunSummary,
-                  read: Callable[[str], DataFrame]) -> None:
+                  read: Callable[[str], DataFrame], summaries: Feed | None = None,
+                  summarized_ids: set[str] | None = None) -> None:
     """Bottom-up: the deepest level first, each level's reports written before the next level starts,
     so a higher level's context can substitute the finished reports of its sub-communities. LLM
-    reports are scheduled across levels (``reports.build_llm_reports``)."""
+    reports are scheduled across levels (``reports.build_llm_reports``, which takes ``summaries`` and
+    ``summarized_ids`` as they come); the others wait for ``summaries`` to end."""
     use_llm = cfg.reports.method == "llm" or (cfg.reports.method == "auto" and cfg.extraction.method == "llm")
     if use_llm:
         claims = store.read(T.CLAIMS) if store.exists(T.CLAIMS) else None
-        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims, read)
+        counts, usages = reports.build_llm_reports(spark, store, cfg, run_id, claims, read, summaries, summarized_ids)
         summary.usage += usages
         summary.counts.update(counts)
         return
+    if summaries is not None:
+        summaries.all()
     all_communities = read(T.COMMUNITIES)
     entities, relationships = read(T.ENTITIES), read(T.RELATIONSHIPS)
     levels = sorted((r[0] for r in all_communities.select("level").distinct().collect()), reverse=True)

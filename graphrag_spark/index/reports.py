@@ -26,6 +26,9 @@ LLM reports (``build_llm_reports``) are scheduled so the rate budget is not idle
   own (only a waiting level's reports are materialised, as the next level's sub-reports).
 - A small graph (``DRIVER_REPORT_MEMBERS``) follows the same schedule on the driver: its elements are
   collected once, so the stage runs its LLM stages and one write, not a dozen Spark jobs per level.
+  There, in a full build, the stage runs beside the description summaries: a context is built and
+  called as soon as the summaries of its elements are answered (the stage's feed), so the rate budget
+  is not idle while the summaries' last calls are out and their tables are rewritten.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import in_parallel
+from graphrag_spark.compat import in_parallel, is_connect
 from graphrag_spark.ids import content_id
 from graphrag_spark.index.report_context import CommunityElements, SubCommunity, build_higher_context, build_leaf_context
 from graphrag_spark.index.report_json import format_data_refs, parse_report, render_full_content
+from graphrag_spark.llm.stage import DRIVER_STAGE_ITEMS, Feed
 from graphrag_spark.tokens import count_tokens
 
 REPORT_COLUMNS = [f.name for f in T.SCHEMAS[T.COMMUNITY_REPORTS].fields]
@@ -239,9 +243,10 @@ def reused_report(row: dict) -> dict:
             "level": row["level"], **report, "findings": [dict(f) for f in as_list(row["child_findings"])]}
 
 
-def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, follow_up=None):
+def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, follow_up=None, feed=None, feed_items=None):
     """One LLM stage over report contexts (``report_contexts`` rows): (id, result, error) and its usage.
-    ``follow_up``: ``run_llm_stage``'s (contexts made ready by answers of the stage)."""
+    ``follow_up``, ``feed`` and ``feed_items``: ``run_llm_stage``'s (contexts made ready by answers of the
+    stage, and by the summaries' answers)."""
     from graphrag_spark.llm.stage import run_llm_stage
     from graphrag_spark.prompts import load_prompt
 
@@ -254,7 +259,7 @@ def _report_stage(spark, store, cfg, built: DataFrame, run_id: str, follow_up=No
 
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, REPORT_STAGE, items, work, run_id,
                                    prompt.version, {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature},
-                                   follow_up)
+                                   follow_up, feed, feed_items)
     return outcome.select(F.col("item_id").alias("id"), "result", "error"), usage
 
 
@@ -275,33 +280,52 @@ DRIVER_REPORT_MEMBERS = 20_000
 
 
 def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
-                      read: Callable[[str], DataFrame] | None = None) -> tuple[dict, list]:
+                      read: Callable[[str], DataFrame] | None = None, summaries: Feed | None = None,
+                      awaited: set[str] | None = None) -> tuple[dict, list]:
     """The paper's LLM reports for every community (scheduled as the module docstring says), written to
     ``community_reports`` in one commit; a failed one falls back to extractive. Returns the run
     summary's counts and the stages' usage. ``read``: a table's rows by name (the index job's are held
-    cached as written: ``Run.table``); by default the store's table."""
+    cached as written: ``Run.table``); by default the store's table.
+
+    ``summaries``: the description summaries' answers (element id, summary), where that stage runs beside
+    this one; ``awaited``: the ids it publishes one by one as they are answered (None: it publishes none).
+    A driver-side stage builds and calls each context as soon as the summaries of its elements have come;
+    otherwise the reports wait for the summaries to end before they read the tables."""
     read = read or store.read
     all_communities = read(T.COMMUNITIES)
     shape = all_communities.select("community", "level", "size", "children").toPandas()
+    origins = report_origins(reused_reports(shape))
+    on_driver = int(shape["size"].sum()) <= DRIVER_REPORT_MEMBERS
+    streams = (awaited is not None and on_driver and not is_connect(spark)
+               and len(shape) - len(origins) <= DRIVER_STAGE_ITEMS)
+    if summaries is not None and not streams:
+        summaries.all()  # the tables as the summaries leave them
     if shape.empty:
         store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
         return {"reports per level": {}}, []
-    origins = report_origins(reused_reports(shape))
-    on_driver = int(shape["size"].sum()) <= DRIVER_REPORT_MEMBERS
-    build = _reports_on_driver if on_driver else _reports_in_spark
-    substituted, trimmed, usages = build(spark, store, cfg, run_id, claims, read, shape, origins)
+    if streams:
+        built = _reports_on_driver(spark, store, cfg, run_id, claims, read, shape, origins, summaries, awaited)
+    else:
+        built = (_reports_on_driver if on_driver else _reports_in_spark)(spark, store, cfg, run_id, claims, read,
+                                                                          shape, origins)
+    substituted, trimmed, usages, awaited_contexts = built
     counts = {"reports per level": {int(level): int(n) for level, n in shape.groupby("level").size().sort_index().items()},
               "reports reused (same members as a sub-community)": len(origins),
               "contexts with substituted sub-reports": dict(sorted(substituted.items())),
               "report contexts trimmed to reports.max_input_tokens": trimmed,
               "reports failed (extractive stand-in, retried next run)": sum(u.failures for u in usages)}
+    if streams:
+        counts["report contexts built as their summaries came"] = awaited_contexts
     return counts, usages
 
 
 def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None, read: Callable[[str], DataFrame],
-                       shape: pd.DataFrame, origins: dict[int, int]):
+                       shape: pd.DataFrame, origins: dict[int, int], summaries: Feed | None = None,
+                       awaited: set[str] | None = None):
     """``build_llm_reports`` for a small graph: the same schedule over rows collected to the driver. Writes
-    the reports; returns the substituted contexts per level, the trimmed contexts and the stages' usage."""
+    the reports; returns the substituted contexts per level, the trimmed contexts, the stages' usage and the
+    contexts that waited for summaries. ``summaries`` and ``awaited``: ``build_llm_reports``'s, where they
+    stream (the rows read may predate them)."""
     max_input, max_findings = cfg.reports.max_input_tokens, cfg.reports.max_findings
     entity_columns = ("id", "human_readable_id", "title", "type", "description", "degree")
     relationship_columns = ("id", "human_readable_id", "source", "target", "description", "weight", "combined_degree")
@@ -328,13 +352,12 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
             "claims": [claim for entity in members for claim in claims_of.get(entity["title"], ())] if claims is not None else None,
             "sub_reports": None}
     originals = [c for c in rows if c not in origins]
-    first = {c: build_context(rows[c], max_input) for c in originals}
-    waits = {c for c in originals if first[c]["truncated"] and rows[c]["children"]}
+    schedule = _ContextSchedule(rows, origins, originals, max_input, max_findings, awaited or set())
+    answers, usage = _driver_answers(spark, store, cfg, run_id, schedule.start(), schedule.answered,
+                                     summaries if awaited else None, schedule.summarized)
+    schedule.check_complete()
+    first, waits = schedule.first, schedule.waits
     trimmed = sum(first[c]["truncated"] for c in originals if c not in waits)
-    waiting = _WaitingContexts(rows, origins, waits, max_input, max_findings)
-    # The reports the waiting contexts need go first: their answers return early in the stage.
-    ready = sorted((c for c in originals if c not in waits), key=lambda c: c not in waiting.needed)
-    answers, usage = _driver_answers(spark, store, cfg, run_id, [first[c] for c in ready], waiting.answered)
     usages = [usage]
     # A failed call with sub-communities: its stand-in names them, so it is written at its level's turn.
     restated = {c for c in originals if c not in waits and answers[rows[c]["id"]] is None and rows[c]["children"]}
@@ -353,7 +376,7 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
         level_rows = {c: {**rows[c], "sub_reports": _sub_reports(rows, rows[c]["children"], report_of)}
                       for c in later if rows[c]["level"] == level}
         # Built and answered in the first stage already where every sub-report was written by then.
-        built = {c: waiting.built.get(c) or build_context(row, max_input) for c, row in level_rows.items() if c in waits}
+        built = {c: schedule.built.get(c) or build_context(row, max_input) for c, row in level_rows.items() if c in waits}
         if built:
             unanswered = [context for context in built.values() if context["id"] not in answers]
             if unanswered:
@@ -368,7 +391,7 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
         report_of(community)
     rows_out = [tuple(report[name] for name in REPORT_COLUMNS) for report in reports.values()]
     _write_reports(store, spark.createDataFrame(rows_out, T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
-    return substituted, trimmed, usages
+    return substituted, trimmed, usages, schedule.awaited_contexts
 
 
 def _carried_report(row: dict, origin: dict) -> dict:
@@ -384,24 +407,82 @@ def _sub_reports(rows: dict[int, dict], children: list[int], report_of: Callable
             for child in children]
 
 
-class _WaitingContexts:
-    """The follow-ups of the driver's first report stage: a context that waits for its sub-reports is built,
-    and called in that same stage, as soon as the report of every sub-community (a copy's: its origin's)
-    is answered, not after the whole stage. One whose sub-community failed is left to the level loop (the
-    failed one's extractive stand-in is written there). ``built``: community -> its context."""
+class _ContextSchedule:
+    """When each original community's context is called in the driver's first report stage (its items,
+    follow-ups and feed). A community's own context is built once every summary its elements await has
+    come (the summaries' feed, where they run beside the reports; each patches its element's description,
+    so the context is the one the summarized tables give). One that overflows and has sub-communities
+    (``waits``) is built again with their reports substituted, and called, once the report of every
+    sub-community (a copy's: its origin's) is answered; one whose sub-community failed is left to the level
+    loop (the failed one's extractive stand-in is written there). ``first``: community -> its own context;
+    ``built``: community -> its context with sub-reports."""
 
-    def __init__(self, rows: dict[int, dict], origins: dict[int, int], waits: set[int], max_input: int,
-                 max_findings: int):
+    def __init__(self, rows: dict[int, dict], origins: dict[int, int], originals: list[int], max_input: int,
+                 max_findings: int, awaited: set[str]):
         self._rows, self._origins, self._max_input, self._max_findings = rows, origins, max_input, max_findings
+        self._originals = originals
         self._community_of = {row["id"]: c for c, row in rows.items()}
-        self._needs = {c: {origins.get(child, child) for child in rows[c]["children"]} for c in waits}
+        # The element dicts are shared by every context row that holds them: one patch serves them all.
+        self._element_of = {element["id"]: element for row in rows.values()
+                            for element in row["entities"] + row["relationships"]}
+        self._awaiting: dict[str, list[int]] = {}  # element id -> the communities whose context waits for its summary
+        self._missing: dict[int, int] = {}
+        for community in originals:
+            for element in rows[community]["entities"] + rows[community]["relationships"]:
+                if element["id"] in awaited:
+                    self._awaiting.setdefault(element["id"], []).append(community)
+                    self._missing[community] = self._missing.get(community, 0) + 1
+        self.awaited_contexts = len(self._missing)
+        self.first: dict[int, dict] = {}
+        self.waits: set[int] = set()
+        self._needs: dict[int, set[int]] = {}
         self._needed_by: dict[int, list[int]] = {}
-        for community, needs in self._needs.items():
-            for need in needs:
-                self._needed_by.setdefault(need, []).append(community)
-        self.needed = set(self._needed_by) - waits
         self._answered: dict[int, str] = {}  # community -> its report JSON (answered, not failed)
         self.built: dict[int, dict] = {}
+
+    def start(self) -> list[dict]:
+        """The contexts ready now; the reports that contexts waiting for sub-reports need go first (their
+        answers return early in the stage)."""
+        ready = [context for c in self._originals if not self._missing.get(c) for context in self._own(c)]
+        needed = set(self._needed_by) - self.waits
+        return sorted(ready, key=lambda context: self._community_of[context["id"]] not in needed)
+
+    def summarized(self, events: list[tuple[str, str | None]]) -> list[tuple[str, str]]:
+        """The feed's ``events`` (element id, its summary; None: the call failed, the description stays):
+        the contexts they make ready."""
+        made = []
+        for element_id, summary in events:
+            communities = self._awaiting.pop(element_id, ())  # none: published twice, or in no community
+            if communities and summary is not None:
+                self._element_of[element_id]["description"] = summary
+            for community in communities:
+                self._missing[community] -= 1
+                if not self._missing[community]:
+                    made += self._own(community)
+        return [(context["id"], context["context"]) for context in made]
+
+    def check_complete(self) -> None:
+        if self._awaiting:
+            raise RuntimeError(f"internal error: {len(self._awaiting)} summaries awaited by report contexts never came")
+
+    def _own(self, community: int) -> list[dict]:
+        """The community's own context, to call; none where it waits for its sub-reports (built once they are)."""
+        self.first[community] = context = build_context(self._rows[community], self._max_input)
+        if not (context["truncated"] and self._rows[community]["children"]):
+            return [context]
+        self.waits.add(community)
+        self._needs[community] = {self._origins.get(child, child) for child in self._rows[community]["children"]}
+        for need in self._needs[community]:
+            self._needed_by.setdefault(need, []).append(community)
+        return self._with_sub_reports(community)
+
+    def _with_sub_reports(self, community: int) -> list[dict]:
+        if community in self.built or not self._needs[community] <= self._answered.keys():
+            return []
+        row = {**self._rows[community],
+               "sub_reports": _sub_reports(self._rows, self._rows[community]["children"], self._report_of)}
+        self.built[community] = context = build_context(row, self._max_input)
+        return [context]
 
     def _report_of(self, community: int) -> dict:
         origin = self._origins.get(community, community)
@@ -409,35 +490,33 @@ class _WaitingContexts:
         return report if origin == community else _carried_report(self._rows[community], report)
 
     def answered(self, item_id: str, result: str | None, error: str | None) -> list[tuple[str, str]]:
+        """The stage's follow-ups: the waiting contexts a report's answer completes."""
         if result is None:
             return []
         answered = self._community_of[item_id]
         self._answered[answered] = result
-        made = []
-        for community in self._needed_by.get(answered, ()):
-            if community not in self.built and self._needs[community] <= self._answered.keys():
-                row = {**self._rows[community],
-                       "sub_reports": _sub_reports(self._rows, self._rows[community]["children"], self._report_of)}
-                self.built[community] = context = build_context(row, self._max_input)
-                made.append((context["id"], context["context"]))
-        return made
+        made = [context for community in self._needed_by.get(answered, ())
+                for context in self._with_sub_reports(community)]
+        return [(context["id"], context["context"]) for context in made]
 
 
 def _records(df: DataFrame) -> list[dict]:
     return [row.asDict(recursive=True) for row in df.collect()]
 
 
-def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict], follow_up=None) -> tuple[dict, object]:
+def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict], follow_up=None, feed: Feed | None = None,
+                    feed_items=None) -> tuple[dict, object]:
     """One LLM stage over contexts built on the driver: their answers by community id (None: failed), the
-    follow-ups' (``_report_stage``) too."""
+    follow-ups' and the feed's (``_report_stage``) too."""
     built = spark.createDataFrame([(c["id"], c["context"]) for c in contexts], "id string, context string")
-    outcome, usage = _report_stage(spark, store, cfg, built, run_id, follow_up)
+    outcome, usage = _report_stage(spark, store, cfg, built, run_id, follow_up, feed, feed_items)
     return {row["id"]: row["result"] for row in outcome.collect()}, usage
 
 
 def _reports_in_spark(spark, store, cfg, run_id: str, claims: DataFrame | None, read: Callable[[str], DataFrame],
                       shape: pd.DataFrame, origins: dict[int, int]):
-    """``build_llm_reports`` in Spark jobs, level by level (any graph size); writes and returns as ``_reports_on_driver``."""
+    """``build_llm_reports`` in Spark jobs, level by level (any graph size); writes and returns as ``_reports_on_driver``
+    (no context waits for summaries here: 0)."""
     entities, relationships, all_communities = read(T.ENTITIES), read(T.RELATIONSHIPS), read(T.COMMUNITIES)
     copies = spark.createDataFrame(pd.DataFrame({"community": list(origins), "origin": list(origins.values())},
                                                 dtype="int64"), "community long, origin long")
@@ -506,7 +585,7 @@ def _reports_in_spark(spark, store, cfg, run_id: str, claims: DataFrame | None, 
     _write_reports(store, reduce(DataFrame.unionByName, written).unionByName(carried(F.lit(True))), len(shape))
     for frame in (elements, written[0]):
         frame.unpersist()
-    return substituted, trimmed, usages
+    return substituted, trimmed, usages, 0
 
 
 def _write_reports(store, reports: DataFrame, n_communities: int) -> None:

@@ -10,6 +10,7 @@ source order, within ``graph.max_description_tokens``), never a text split back 
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,8 +32,8 @@ def summary_items(described: DataFrame, name_col) -> DataFrame:
 
 
 def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
-               described: DataFrame, name_col, stage: str,
-               only: DataFrame | None) -> tuple[DataFrame, StageUsage]:
+               described: DataFrame, name_col, stage: str, only: DataFrame | None,
+               publish: Callable[[list[tuple[str, str | None]]], None] | None) -> tuple[DataFrame, StageUsage]:
     prompt = load_prompt("summarize_descriptions")
     max_tokens = cfg.extraction.summary_max_tokens
     max_input_tokens = cfg.graph.max_description_tokens
@@ -47,9 +48,13 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
                                                   item_id=item["item_id"])
         return LlmWork({"text": text}, [call], call.error)
 
+    def answered(item_id: str, result: str | None, error: str | None) -> list:
+        publish([(item_id, None if result is None else json.loads(result)["text"])])
+        return []
+
     outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, stage, items, work, run_id, prompt.version,
                                    {"max_tokens": max_tokens, "temperature": cfg.llm.chat.temperature,
-                                    "max_input_tokens": max_input_tokens})
+                                    "max_input_tokens": max_input_tokens}, answered if publish else None)
     summaries = outcome.where(F.col("result").isNotNull()).select(
         F.col("item_id").alias("id"), F.get_json_object("result", "$.text").alias("summary"))
     return summaries.withColumnRenamed("summary", "description"), usage
@@ -58,14 +63,18 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: st
 def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_id: str,
                     only: dict[str, DataFrame] | None = None,
                     described: dict[str, DataFrame] | None = None,
-                    held: dict[str, DataFrame] | None = None) -> list[StageUsage]:
+                    held: dict[str, DataFrame] | None = None,
+                    publish: Callable[[list[tuple[str, str | None]]], None] | None = None) -> list[StageUsage]:
     """Replace multi-description entities' and relationships' descriptions with their LLM summaries
     (the table rewritten once with them). ``only``: per table, the ids to consider (a refresh passes the
     elements whose instances changed; the others keep their description and cost nothing).
     ``described``: per table, the elements' ``descriptions`` lists with their ids and names, as the graph
     stage built them (the pipeline passes them); without it they are built again from the instances.
     ``held``: tables as the caller wrote them, cached (``Run.written``): a table held there is rewritten
-    from those rows rather than read back, and its rewritten rows replace them there, cached."""
+    from those rows rather than read back, and its rewritten rows replace them there, cached.
+    ``publish``: called with each summary as it is answered, cache hits first ((element id, summary); None
+    where the call failed and the description stays), where the stages run on the driver (``run_llm_stage``'s
+    follow-ups: up to ``DRIVER_STAGE_ITEMS`` items, not on Spark Connect)."""
     if described is None:
         text_units = store.read(T.TEXT_UNITS)
         described = {
@@ -78,7 +87,7 @@ def summarize_graph(spark: SparkSession, store: T.TableStore, cfg: Config, run_i
 
     def summarize(table, name_col, stage) -> StageUsage:
         summaries, usage = _summarize(spark, store, cfg, run_id, described[table], name_col, stage,
-                                      (only or {}).get(table))
+                                      (only or {}).get(table), publish)
         # Materialised (in Delta: a lost executor loses nothing) before merging into the table the plan reads from.
         summaries = store.checkpoint(summaries, f"summaries_{table}", expected_rows=usage.items)
         current = (held or {}).get(table)

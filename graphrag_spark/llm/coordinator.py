@@ -211,7 +211,7 @@ _MORE_POLL_S = 5.0
 
 class Coordinator:
     def __init__(self, host: str, model: ModelBudget, max_in_flight: int, journal: Path, tasks: int = 1,
-                 follow: Callable[[dict], list[dict]] | None = None, expected: int = 0) -> None:
+                 follow: Callable[[dict], list[dict]] | None = None, expected: int = 0, fed: bool = False) -> None:
         self._model = model
         self._max_in_flight = max_in_flight
         self._tasks = tasks  # the tasks expected to run at once: a task that starts first must not take every slot
@@ -224,9 +224,12 @@ class Coordinator:
         self.on_result = None  # a callable(row) the stage may set (progress)
         self._journal = Journal(journal)
         # Follow-ups: ``follow(row)`` gives the records a returned row made ready. The stage stays open
-        # while fewer than ``expected`` distinct items returned, or a row's follow-ups are being made.
+        # while fewer than ``expected`` distinct items returned, or a row's follow-ups are being made. ``fed``:
+        # items may also be ``add``ed while it is open (a stage fed by another one); once it is not, it is sealed.
         self._follow = follow
         self._expected = expected
+        self._fed = fed
+        self._sealed = False
         self._following = 0
         self._late: list[dict] = []  # follow-ups no task has taken yet
         self._handed: dict[int, list[dict]] = {}  # per partition, the follow-ups its attempts took
@@ -258,7 +261,7 @@ class Coordinator:
         with self._lock:
             self._active_tasks += 1
             return {"todo": [k for k in keys if k not in self._done], "window": self.window(),
-                    "follow_ups": self._follow is not None}
+                    "follow_ups": self._follow is not None or self._fed}
 
     def finish(self) -> dict:
         with self._lock:
@@ -303,7 +306,9 @@ class Coordinator:
         return {}
 
     def _open(self) -> bool:
-        return self._following > 0 or len(self._rows) < self._expected
+        """Whether the stage is open; once a task is told it is not, it stays sealed (``add`` takes nothing)."""
+        self._sealed = self._sealed or not (self._following > 0 or len(self._rows) < self._expected)
+        return not self._sealed
 
     def more(self, partition: int, attempt: int) -> dict:
         """Follow-ups for a task of ``partition``: a new attempt first gets again what its partition took and
@@ -329,6 +334,17 @@ class Coordinator:
             return {"records": given, "open": self._open()}
 
     # -- what the stage calls --------------------------------------------------------------
+    def add(self, records: list[dict]) -> bool:
+        """Items made ready outside the calls (a feed's), handed to the tasks as follow-ups are; False (not
+        taken) once the job has nothing left in flight: its tasks end, a later job calls them."""
+        with self._changed:
+            if self._sealed:
+                return False
+            self._late.extend(records)
+            self._expected += len(records)
+            self._changed.notify_all()
+            return True
+
     def take_buffer(self) -> list[dict]:
         with self._lock:
             rows, self._buffer = self._buffer, []

@@ -189,13 +189,104 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     return works
 
 
+class Feed:
+    """What a stage publishes while it runs (events: the summaries' answers) for a stage running beside it
+    that turns them into its items as they come (``run_llm_stage``'s ``feed``). Thread-safe; the publisher
+    closes it when done, with its failure where it failed."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._events: list = []
+        self._closed = False
+        self._failure: BaseException | None = None
+
+    def put(self, events: list) -> None:
+        with self._changed:
+            self._events.extend(events)
+            self._changed.notify_all()
+
+    def close(self, failure: BaseException | None = None) -> None:
+        with self._changed:
+            self._closed, self._failure = True, failure
+            self._changed.notify_all()
+
+    def take(self, wait: bool = True) -> tuple[list, bool]:
+        """The events not taken yet (where ``wait``, once there are some or it is closed) and whether it is
+        closed; raises where the publisher failed."""
+        with self._changed:
+            while wait and not self._events and not self._closed:
+                self._changed.wait()
+            events, self._events = self._events, []
+            if self._closed and self._failure is not None:
+                raise RuntimeError(f"the stage feeding this one failed: {self._failure}") from self._failure
+            return events, self._closed
+
+    def all(self) -> list:
+        """Every event, once it is closed (a reader that cannot take them as they come)."""
+        events, closed = self.take()
+        while not closed:
+            more, closed = self.take()
+            events += more
+        return events
+
+
+class FedRecords:
+    """The records a stage makes of a feed's events as they come (``FollowUps.fed``, in a thread of its own):
+    handed to the stage's job while one runs and takes them (``Coordinator.add``), else kept for its next
+    job. A job's tasks end once it has nothing in flight, so a fed stage never holds a task slot while it
+    waits for its feed (the stage feeding it may need that slot)."""
+
+    def __init__(self, feed: Feed, feed_items: Callable[[list], list[tuple[str, str]]], follow: FollowUps, meter):
+        self._changed = threading.Condition()
+        self._kept: list[dict] = []
+        self._coordinator: Coordinator | None = None
+        self._done = False
+        self.failure: BaseException | None = None
+        self._feed, self._feed_items, self._follow, self._meter = feed, feed_items, follow, meter
+        threading.Thread(target=self._take, name="llm-stage-feed", daemon=True).start()
+
+    def _take(self) -> None:
+        try:
+            closed = False
+            while not closed:
+                events, closed = self._feed.take()
+                records = self._follow.fed(self._feed_items, events) if events else []
+                self._meter.total += len(records)
+                with self._changed:
+                    if records and not (self._coordinator is not None and self._coordinator.add(records)):
+                        self._kept += records
+                        self._changed.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - raised by the stage once its calls have returned
+            self.failure = exc
+        finally:
+            with self._changed:
+                self._done = True
+                self._changed.notify_all()
+
+    def attach(self, coordinator: Coordinator | None) -> None:
+        """The running job's coordinator (None: no job runs); it takes the records kept meanwhile."""
+        with self._changed:
+            self._coordinator = coordinator
+            if coordinator is not None and self._kept and coordinator.add(self._kept):
+                self._kept = []
+
+    def next_job(self) -> list[dict] | None:
+        """The records for the stage's next job, once there are some; None once the feed is closed and
+        every record was handed out."""
+        with self._changed:
+            while not self._kept and not self._done:
+                self._changed.wait()
+            records, self._kept = self._kept, []
+            return records or None
+
+
 class FollowUps:
     """A stage's follow-ups (``run_llm_stage``'s ``follow_up``): every answered item is handed to ``follow_up``
     once, under one lock; the items it makes ready are keyed like the stage's, and those whose answer is
     known (cached in ``llm_results``, or already answered in this stage) are answered at once in turn.
     ``after`` returns the records to call; an item whose key is being called waits for that call."""
 
-    def __init__(self, follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]],
+    def __init__(self, follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]] | None,
                  key_of: Callable[[str], str], lookup: Callable[[set[str]], dict], ids_of_key: dict[str, list[str]]):
         self._follow_up, self._key_of, self._lookup = follow_up, key_of, lookup
         self._ids = {key: list(ids) for key, ids in ids_of_key.items()}  # every key this stage holds -> its item ids
@@ -207,31 +298,46 @@ class FollowUps:
     def after(self, answers: list[tuple[str, str | None, str | None]]) -> list[dict]:
         """``answers``: (item_key, result, error) of items just answered; returns the follow-ups to call."""
         with self._lock:
-            to_call: list[dict] = []
             # (key, the item ids to follow, its answer): an answer is followed for every item of its key.
-            todo = [(key, list(self._ids.get(key, ())), result, error) for key, result, error in answers]
-            while todo:
+            return self._made([], [(key, list(self._ids.get(key, ())), result, error) for key, result, error in answers])
+
+    def fed(self, to_items: Callable[[list], list[tuple[str, str]]], events: list) -> list[dict]:
+        """The items ``to_items`` makes of a feed's ``events`` (``Feed``), under the same lock as the answers'
+        follow-ups (both read and change the caller's state); returns those to call."""
+        with self._lock:
+            return self._made(to_items(events), [])
+
+    def _made(self, made: list[tuple[str, str]], todo: list) -> list[dict]:
+        """Keys the items ``made`` (item_id, payload) and follows the answers ``todo`` (key, item ids, result,
+        error), then what each answer known at once makes in turn; returns the records to call."""
+        to_call: list[dict] = []
+        while made or todo:
+            if not made:
                 key, ids, result, error = todo.pop(0)
                 self.answered[key] = (result, error)
-                made = [{"item_id": new_id, "payload": payload, "item_key": self._key_of(payload)}
-                        for item_id in ids for new_id, payload in self._follow_up(item_id, result, error)]
-                unknown = {r["item_key"] for r in made} - set(self._ids)
-                cached = {k: a for k, a in self._lookup(unknown).items() if a[1] is None} if unknown else {}
-                for record in made:
-                    made_key, made_id = record["item_key"], record["item_id"]
-                    self.items.append(record)
-                    if made_key in self._ids:  # answered already, or being called: it follows that answer
-                        self._ids[made_key].append(made_id)
-                        if made_key in self.answered:
-                            todo.append((made_key, [made_id], *self.answered[made_key]))
-                        continue
-                    self._ids[made_key] = [made_id]
-                    if made_key in cached:
-                        self.cache_hits.add(made_key)
-                        todo.append((made_key, [made_id], *cached[made_key]))
-                    else:
-                        to_call.append(record)
-            return to_call
+                made = [pair for item_id in ids for pair in (self._follow_up(item_id, result, error)
+                                                             if self._follow_up is not None else ())]
+                continue
+            records = [{"item_id": item_id, "payload": payload, "item_key": self._key_of(payload)}
+                       for item_id, payload in made]
+            made = []
+            unknown = {r["item_key"] for r in records} - set(self._ids)
+            cached = {k: a for k, a in self._lookup(unknown).items() if a[1] is None} if unknown else {}
+            for record in records:
+                made_key, made_id = record["item_key"], record["item_id"]
+                self.items.append(record)
+                if made_key in self._ids:  # answered already, or being called: it follows that answer
+                    self._ids[made_key].append(made_id)
+                    if made_key in self.answered:
+                        todo.append((made_key, [made_id], *self.answered[made_key]))
+                    continue
+                self._ids[made_key] = [made_id]
+                if made_key in cached:
+                    self.cache_hits.add(made_key)
+                    todo.append((made_key, [made_id], *cached[made_key]))
+                else:
+                    to_call.append(record)
+        return to_call
 
 
 class FreshResults:
@@ -337,9 +443,11 @@ def driver_host(spark: SparkSession) -> str:
 
 def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig,
                      pending: DataFrame, n_tasks: int, safe_fn, row_of, meter, journal: Path,
-                     returned: list[dict] | None, follow: FollowUps | None = None, n_pending: int = 0) -> UsageFigures:
+                     returned: list[dict] | None, follow: FollowUps | None = None, n_pending: int = 0,
+                     fed: FedRecords | None = None) -> UsageFigures:
     """The calls of ``pending`` (``n_pending`` items split into ``n_tasks`` partitions) in one Spark job, each
-    task talking to the driver's coordinator; with ``follow``, the follow-ups too."""
+    task talking to the driver's coordinator; with ``follow``, the follow-ups too, and with ``fed``, the
+    records made of a feed while the job runs."""
     budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
 
     def follow_row(row: dict) -> list[dict]:
@@ -349,8 +457,11 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
 
     coordinator = Coordinator(driver_host(spark), budget, llm.max_in_flight, journal,
                               tasks=min(n_tasks, default_parallelism(spark)),
-                              follow=None if follow is None else follow_row, expected=n_pending)
+                              follow=None if follow is None else follow_row, expected=n_pending,
+                              fed=fed is not None)
     coordinator.on_result = lambda row: meter.committed(1)
+    if fed is not None:
+        fed.attach(coordinator)
     url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -379,6 +490,8 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
         wait_for(job, llm.commit_interval_s, lambda: _commit(spark, store, _kept(coordinator.take_buffer(), returned)))
         _commit(spark, store, _kept(coordinator.take_buffer(), returned))
     finally:
+        if fed is not None:
+            fed.attach(None)
         if job.is_alive():  # the driver is going down: stop the calls (the journal keeps what returned)
             spark.sparkContext.cancelJobGroup(group)
         coordinator.close()
@@ -438,6 +551,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                   items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
                   prompt_version: str, params: dict,
                   follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]] | None = None,
+                  feed: Feed | None = None, feed_items: Callable[[list], list[tuple[str, str]]] | None = None,
                   ) -> tuple[DataFrame, StageUsage]:
     """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items.
 
@@ -446,7 +560,11 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     ready: they are called in the same Spark job, ahead of the items not yet started, so work that waits
     for other answers does not wait for the whole stage. Only a driver-side stage with a coordinator (up
     to ``DRIVER_STAGE_ITEMS`` items, not Spark Connect) takes follow-ups; elsewhere ``follow_up`` is not
-    called, and the caller runs what is left once the stage returns."""
+    called, and the caller runs what is left once the stage returns.
+
+    ``feed`` (a driver-side stage only; not on Spark Connect): the stage also calls the items ``feed_items``
+    makes of the feed's events (under the follow-ups' lock, keyed and cached like them), as they come, and
+    ends once the feed is closed and every item has returned."""
     started = time.perf_counter()
     keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     journal = stage_journal(store, stage)
@@ -456,6 +574,9 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # One task reads until it has one item more than the bound: one job, however many partitions.
     few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
     on_driver = len(few) <= DRIVER_STAGE_ITEMS
+    if feed is not None and (not on_driver or is_connect(spark)):
+        raise ValueError(f"LLM stage '{stage}': a fed stage runs on the driver with a coordinator "
+                         f"(up to {DRIVER_STAGE_ITEMS} items, not on Spark Connect)")
     follow: FollowUps | None = None
     if on_driver:
         # The cache lookup and the outcome in Python: one read of the stage's rows of these keys, no
@@ -465,7 +586,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         unique = {row["item_key"]: row for row in few}
         cached = {key for key, (_, error) in answers.items() if error is None}
         pending_rows = [row for key, row in unique.items() if key not in cached]
-        if follow_up is not None and not is_connect(spark):
+        if (follow_up is not None or feed is not None) and not is_connect(spark):
             ids_of_key: dict[str, list[str]] = {}
             for row in few:
                 ids_of_key.setdefault(row["item_key"], []).append(row["item_id"])
@@ -473,6 +594,10 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                                lambda keys: _answers(store, stage, keys), ids_of_key)
             # The cache hits' follow-ups first: ready now, they may be what the rest of the stage waits for.
             ready = follow.after([(key, *answers[key]) for key in unique if key in cached])
+            if feed is not None:  # what the feed holds already; a closed feed leaves a stage like any other
+                events, closed = feed.take(wait=False)
+                ready += follow.fed(feed_items, events) if events else []
+                feed = None if closed else feed
             pending_rows = [tuple(record[name] for name in keyed.columns) for record in ready] + pending_rows
         n_items, n_pending = len(unique), len(pending_rows)
         pending = None
@@ -490,7 +615,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         n_items, n_pending = counts["items"], counts["items"] - counts["cached"]
         pending, pending_rows = status.where(F.col("_cached").isNull()).drop("_cached"), None
         returned = None
-    if n_pending:
+    if n_pending or feed is not None:
         ensure_api_key(model)  # the task closures carry the key; a bad one fails here, once
     safe_fn = _safe(work_fn)
     model_name = model.model
@@ -500,23 +625,39 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
 
     meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
     figures = UsageFigures()
-    if n_pending:
-        slots, by_size = default_parallelism(spark), math.ceil(n_pending / _ITEMS_PER_TASK)
+    if n_pending or feed is not None:
+        slots = default_parallelism(spark)
         if is_connect(spark):
+            by_size = math.ceil(n_pending / _ITEMS_PER_TASK)
             n_tasks = max(1, min(n_pending, max(slots, by_size)))
             if pending_rows is not None:  # the waves split the items themselves
                 pending = spark.createDataFrame(pending_rows, keyed.schema)
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter, returned)
         else:
-            # One slot stays free: the periodic commit is a Spark job, and it could not start before the
-            # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
-            n_tasks = max(1, min(n_pending, max(slots - 1, by_size)))
-            # The driver's rows are sliced into the tasks as they are sent: no shuffle, a job of its own.
-            pending = (pending.repartition(n_tasks) if pending_rows is None else spark.createDataFrame(
-                spark.sparkContext.parallelize([tuple(row) for row in pending_rows], n_tasks), keyed.schema))
-            figures = _run_coordinated(spark, store, llm, model, pending, n_tasks, safe_fn, row_of, meter, journal,
-                                       returned, follow, n_pending)
+            def call(rows: list | None, n_items: int, fed: FedRecords | None = None) -> UsageFigures:
+                # One slot stays free: the periodic commit is a Spark job, and it could not start before the
+                # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
+                n_tasks = max(1, min(n_items, max(slots - 1, math.ceil(n_items / _ITEMS_PER_TASK))))
+                # The driver's rows are sliced into the tasks as they are sent: no shuffle, a job of its own.
+                frame = (pending.repartition(n_tasks) if rows is None else spark.createDataFrame(
+                    spark.sparkContext.parallelize([tuple(row) for row in rows], n_tasks), keyed.schema))
+                return _run_coordinated(spark, store, llm, model, frame, n_tasks, safe_fn, row_of, meter, journal,
+                                        returned, follow, n_items, fed)
+
+            if feed is None:
+                figures = call(pending_rows, n_pending)
+            else:  # a job for what is ready, then one for what the feed made meanwhile, until it is closed
+                fed = FedRecords(feed, feed_items, follow, meter)
+                rows = pending_rows
+                while rows is not None:
+                    if rows:
+                        call(rows, len(rows), fed)
+                    records = fed.next_job()
+                    rows = None if records is None else [tuple(r[name] for name in keyed.columns) for r in records]
+                if fed.failure is not None:
+                    raise fed.failure
+                figures = usage_of(returned)
         _compact(spark, store, llm.max_result_files)
 
     cache_hits = n_items - n_pending
