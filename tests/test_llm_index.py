@@ -18,6 +18,7 @@ from graphrag_spark.errors import StageFailed
 from graphrag_spark.index import graph, runs
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents
+from graphrag_spark.index.embed import embedding_input
 from graphrag_spark.index.extraction import extract_llm_instances
 from graphrag_spark.index.pipeline import estimate_extraction, run_index
 from graphrag_spark.llm.server import start_server
@@ -90,7 +91,9 @@ def llm_index(spark, tmp_path_factory, mini_corpus):
             logger.setLevel(logging.DEBUG)
         try:
             cfg = _llm_config(tmp_path_factory.mktemp("llm_index") / "index", mini_corpus, server,
-                              "communities.max_cluster_size=4", "reports.max_input_tokens=1000")
+                              "communities.max_cluster_size=4", "reports.max_input_tokens=1000",
+                              "embeddings.provider=openai", f"llm.embedding.api_base={server.base_url}",
+                              "llm.embedding.api_key_env=GRAPHRAG_TEST_KEY")
             with contextlib.redirect_stdout(printed):
                 dry = estimate_extraction(spark, cfg)
                 assert _served(server) == 0, "a dry run calls nothing"
@@ -144,6 +147,13 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     # The reports ran beside the summaries: contexts that waited for summaries were built as they came
     # (the same contexts as from the summarized tables: test_reports_built_on_the_driver_equal_the_spark_path).
     assert summary.counts["report contexts built as their summaries came"] > 0
+    # So did the entity embeddings: every entity text, summarized or not, was embedded beside the summaries,
+    # each once, so the stage found them all cached once the summaries ended.
+    entity_texts = embedding_input(store, T.ENTITY_EMBEDDINGS).select("text").distinct().count()
+    assert summary.counts["entity texts embedded beside the summaries"] == entity_texts
+    assert summary.counts["entity_embeddings texts embedded"] == 0 and summary.counts["entity_embeddings failed"] == 0
+    assert store.read(T.ENTITY_EMBEDDINGS).where(F.col("vector").isNull()).count() == 0
+    assert stats["served"]["embeddings"] > 0
 
     assert llm_index.nothing_changed, "a refresh of the same input skips every stage"
     rerun = llm_index.rerun

@@ -326,6 +326,36 @@ def embedding_input(store: T.TableStore, name: str) -> DataFrame:
     return store.read(T.ENTITIES).select("id", entity_text.alias("text"))
 
 
+def python_entity_text(title: str, description: str | None) -> str:
+    """``embedding_input``'s text of an entity, in Python."""
+    return f"{title}: {description}" if description else title
+
+
+# The summaries' answers are embedded in rounds at least this far apart (each round reads and appends to the
+# cache): a handful of rounds over a long stage, the last one right after the summaries end.
+SUMMARY_ROUND_S = 30.0
+
+
+def embed_entities_beside_summaries(store: T.TableStore, cfg: Config, entities: list, awaited: set[str], summaries) -> int:
+    """Fill ``embedding_cache`` with the entity texts while the descriptions are summarized, so that the entity
+    embeddings stage, once they are, finds nearly all of them cached: first every entity not ``awaited`` (its
+    description is final), then the summarized ones as their summaries come (``summaries``: the summaries'
+    ``Feed`` of (element id, summary; None: it failed and the description stays)). ``entities``: rows with
+    ``id``, ``title`` and ``description`` as the graph wrote them. Returns the texts sent to the model."""
+    name = T.ENTITY_EMBEDDINGS
+    waiting = {row["id"]: row for row in entities if row["id"] in awaited}
+    sent = _embed_cached_on_driver(store, [python_entity_text(row["title"], row["description"]) for row in entities
+                                           if row["id"] not in waiting], cfg, name)[1]
+    closed = False
+    while not closed:
+        events, closed = summaries.take(gather_s=SUMMARY_ROUND_S)
+        texts = [python_entity_text(waiting[key]["title"], waiting[key]["description"] if summary is None else summary)
+                 for key, summary in events if key in waiting]
+        if texts:
+            sent += _embed_cached_on_driver(store, texts, cfg, name)[1]
+    return sent
+
+
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
     """(id, vector, model_name) rows of the last run whose text is unchanged and whose vector exists."""
     if not previous.exists(name):

@@ -36,7 +36,7 @@ from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents, build_documents_from_changes, source_table_version
-from graphrag_spark.index.embed import build_embeddings
+from graphrag_spark.index.embed import build_embeddings, embed_entities_beside_summaries
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
@@ -110,10 +110,11 @@ class Run:
     # Tables this run wrote, cached as written: a later stage reads them from memory, not back from Delta
     # (a read of a table just written costs a snapshot and a file-listing Spark job before any row).
     written: dict[str, DataFrame] = field(default_factory=dict)
-    # The description summaries' answers, (element id, summary), for the reports that run beside them; closed
-    # when the summaries stage ends. ``summarized_ids``: the ids it publishes one by one as they are answered
-    # (a full build's driver-side graph and summaries), else None: the reports wait for the close.
-    summaries: Feed = field(default_factory=Feed)
+    # Per (publisher, reader): what a stage publishes for a stage that runs ``beside`` it, closed when the
+    # publisher ends (the summaries publish (element id, summary)). ``summarized_ids``: the ids the summaries
+    # publish one by one as they are answered (a full build's driver-side graph and summaries), else None:
+    # their readers wait for the close.
+    feeds: dict[tuple[str, str], Feed] = field(default_factory=dict)
     summarized_ids: set[str] | None = None
 
     def table(self, name: str) -> DataFrame:
@@ -137,6 +138,15 @@ class Run:
         """``df`` cached as the rows of ``name`` the later stages read; not written (a later stage writes them)."""
         self.written[name] = T.conform(df, name).persist()
         return self.written[name]
+
+    def publish(self, publisher: str, events: list) -> None:
+        for (name, _), feed in self.feeds.items():
+            if name == publisher:
+                feed.put(events)
+
+    def feed(self, reader: str, publisher: str) -> Feed | None:
+        """What ``publisher`` publishes for ``reader``; None where the publisher does not run."""
+        return self.feeds.get((publisher, reader))
 
     def before(self, name: str) -> DataFrame | None:
         """The published table, or None on a full build."""
@@ -435,13 +445,8 @@ def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
 def summarize_stage(run: Run) -> None:
     # A full build summarizes every element with several descriptions: no join with the changed ids.
     only = None if run.previous is None else {name: run.changed[name].select("id") for name in (T.ENTITIES, T.RELATIONSHIPS)}
-    try:
-        usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described, run.written,
-                                 run.summaries.put if run.summarized_ids is not None else None)
-    except BaseException as exc:
-        run.summaries.close(exc)
-        raise
-    run.summaries.close()
+    usages = summarize_graph(run.spark, run.store, run.cfg, run.run_id, only, run.described, run.written,
+                             None if run.summarized_ids is None else lambda events: run.publish(SUMMARIES, events))
     run.summary.usage += usages
     run.summary.counts["summaries failed (descriptions kept joined, retried next run)"] = sum(u.failures for u in usages)
 
@@ -467,8 +472,8 @@ def communities_stage(run: Run) -> None:
 
 
 def reports_stage(run: Run) -> None:
-    summaries = run.summaries if _llm_summaries(run.cfg) else None
-    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.table, summaries, run.summarized_ids)
+    build_reports(run.spark, run.store, run.cfg, run.run_id, run.summary, run.table,
+                  run.feed("community_reports", SUMMARIES), run.summarized_ids)
 
 
 def text_unit_embeddings_stage(run: Run) -> None:
@@ -476,7 +481,17 @@ def text_unit_embeddings_stage(run: Run) -> None:
 
 
 def entity_embeddings_stage(run: Run) -> None:
+    summaries = run.feed("entity_embeddings", SUMMARIES)
+    if summaries is not None and run.summarized_ids is not None and run.cfg.embeddings.provider == "openai":
+        entities = [row.asDict() for row in run.table(T.ENTITIES).select("id", "title", "description").collect()]
+        run.summary.counts["entity texts embedded beside the summaries"] = embed_entities_beside_summaries(
+            run.store, run.cfg, entities, run.summarized_ids, summaries)
+    elif summaries is not None:
+        summaries.all()  # the entities as the summaries leave them
     run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,)))
+
+
+SUMMARIES = "summarize_descriptions"
 
 
 def _llm_summaries(cfg: Config) -> bool:
@@ -499,7 +514,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("graph", (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES), (T.ENTITIES, T.RELATIONSHIPS),
           "aggregate all instances in SQL, MERGE by id; an element whose text units did not change keeps its "
           "description; numbers kept, new elements numbered after the largest", graph_stage),
-    Stage("summarize_descriptions", (T.ENTITIES, T.RELATIONSHIPS), (T.ENTITIES, T.RELATIONSHIPS),
+    Stage(SUMMARIES, (T.ENTITIES, T.RELATIONSHIPS), (T.ENTITIES, T.RELATIONSHIPS),
           "summarize only elements whose instance set changed (the table rewritten once with their descriptions)", summarize_stage,
           _llm_summaries),
     # After the graph only: the communities read no description, the one thing summaries change.
@@ -510,9 +525,12 @@ STAGES: tuple[Stage, ...] = (
     # summaries of its elements are answered; otherwise the stage waits for the summaries to end.
     Stage("community_reports", (T.COMMUNITIES, T.ENTITIES, T.RELATIONSHIPS, T.CLAIMS), (T.COMMUNITY_REPORTS,),
           "bottom-up; a context already reported is a cache hit, so only changed contexts are paid for",
-          reports_stage, beside=("summarize_descriptions",)),
+          reports_stage, beside=(SUMMARIES,)),
+    # Beside the summaries too: a full build's endpoint vectors of final descriptions are cached while the
+    # others are summarized, each summary's as it comes; the table is written once the summaries end.
     Stage("entity_embeddings", (T.ENTITIES,), (T.ENTITY_EMBEDDINGS,),
-          "embed only new or changed descriptions; the others keep their vectors", entity_embeddings_stage),
+          "embed only new or changed descriptions; the others keep their vectors", entity_embeddings_stage,
+          beside=(SUMMARIES,)),
 )
 
 
@@ -691,8 +709,10 @@ def run_stages(stages: tuple[Stage, ...], start: Callable[[Stage], None],
                 if failure is None and not stopped:
                     started = set(done) | {stage.name for stage in running.values()}
                     for name, needs in waiting.items():
-                        if name not in started and needs <= done:
+                        # A stage beside another starts once that one has: it never waits for one that does not run.
+                        if name not in started and needs <= done and set(by_name[name].beside) & set(by_name) <= started:
                             running[pool.submit(start, by_name[name])] = by_name[name]
+                            started.add(name)
                 if not running:
                     return not stopped
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -718,13 +738,26 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     last_writer = {name: stage.name for stage in stages for name in stage.outputs}  # a later writer wins
     final_versions: dict[str, Future] = {}
 
+    names = {stage.name for stage in stages}
+    run.feeds = {(publisher, stage.name): Feed() for stage in stages for publisher in stage.beside if publisher in names}
+
+    def close_feeds(publisher: str, failure: BaseException | None = None) -> None:
+        for (name, _), feed in run.feeds.items():
+            if name == publisher:
+                feed.close(failure)
+
     def start(stage: Stage) -> None:
         if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
             run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
-        with run.summary.stage(stage.name):
-            run.store.raise_background_failure()
-            stage.run(run)
-            run.store.raise_background_failure()
+        try:
+            with run.summary.stage(stage.name):
+                run.store.raise_background_failure()
+                stage.run(run)
+                run.store.raise_background_failure()
+        except BaseException as exc:
+            close_feeds(stage.name, exc)
+            raise
+        close_feeds(stage.name)
         # Tables no later stage writes are final now: their versions are read while the other stages
         # run, not one after the other once all are done.
         for name in stage.outputs:
