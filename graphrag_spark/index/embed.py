@@ -336,7 +336,8 @@ def python_entity_text(title: str, description: str | None) -> str:
 SUMMARY_ROUND_S = 30.0
 
 
-def embed_entities_beside_summaries(store: T.TableStore, cfg: Config, entities: list, awaited: set[str], summaries) -> int:
+def embed_entities_beside_summaries(store: T.TableStore, cfg: Config, entities: list[dict], awaited: set[str],
+                                    summaries) -> int:
     """Fill ``embedding_cache`` with the entity texts while the descriptions are summarized, so that the entity
     embeddings stage, once they are, finds nearly all of them cached: first every entity not ``awaited`` (its
     description is final), then the summarized ones as their summaries come (``summaries``: the summaries'

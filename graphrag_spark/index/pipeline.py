@@ -168,7 +168,7 @@ class Stage:
     run: Callable[[Run], None]
     applies: Callable[[Config], bool] = lambda cfg: True
     # The stages this one waits for; None: every earlier stage that writes one of its inputs, but those it
-    # runs ``beside``: it starts before they end and takes what they publish as it comes (``Run.summaries``).
+    # runs ``beside``: it starts with them and takes what they publish as it comes (``Run.feeds``).
     after: tuple[str, ...] | None = None
     beside: tuple[str, ...] = ()
 
