@@ -10,7 +10,8 @@ Stages that do not depend on each other run at the same time (``run_stages``): a
 soon as the stages it comes ``after`` are done, in a driver thread of its own, with its Spark jobs
 in a fair-scheduler pool of its own. Text-unit embeddings run while entities are extracted, and the
 communities while descriptions are summarized. A stage may run ``beside`` one whose outputs it reads,
-taking what that one publishes as it comes: the reports start while the summaries' last calls are out.
+taking what that one publishes as it comes: the reports and the entity embeddings start with the
+summaries and take each summary as it is answered.
 No two concurrent stages write the same table, so the tables are those of the sequential order, and
 every LLM result is committed per item as before.
 """
