@@ -141,9 +141,15 @@ class Run:
         return self.written[name]
 
     def publish(self, publisher: str, events: list) -> None:
-        for (name, _), feed in self.feeds.items():
-            if name == publisher:
-                feed.put(events)
+        for feed in self._feeds_of(publisher):
+            feed.put(events)
+
+    def close_feeds(self, publisher: str, failure: BaseException | None = None) -> None:
+        for feed in self._feeds_of(publisher):
+            feed.close(failure)
+
+    def _feeds_of(self, publisher: str) -> list[Feed]:
+        return [feed for (name, _), feed in self.feeds.items() if name == publisher]
 
     def feed(self, reader: str, publisher: str) -> Feed | None:
         """What ``publisher`` publishes for ``reader``; None where the publisher does not run."""
@@ -742,11 +748,6 @@ def _run_stages(run: Run, published) -> dict[str, int]:
     names = {stage.name for stage in stages}
     run.feeds = {(publisher, stage.name): Feed() for stage in stages for publisher in stage.beside if publisher in names}
 
-    def close_feeds(publisher: str, failure: BaseException | None = None) -> None:
-        for (name, _), feed in run.feeds.items():
-            if name == publisher:
-                feed.close(failure)
-
     def start(stage: Stage) -> None:
         if pools:  # this thread's jobs share the cores fairly with the other stages' (spark.scheduler.mode=FAIR)
             run.spark.sparkContext.setLocalProperty("spark.scheduler.pool", stage.name)
@@ -756,9 +757,9 @@ def _run_stages(run: Run, published) -> dict[str, int]:
                 stage.run(run)
                 run.store.raise_background_failure()
         except BaseException as exc:
-            close_feeds(stage.name, exc)
+            run.close_feeds(stage.name, exc)
             raise
-        close_feeds(stage.name)
+        run.close_feeds(stage.name)
         # Tables no later stage writes are final now: their versions are read while the other stages
         # run, not one after the other once all are done.
         for name in stage.outputs:

@@ -459,7 +459,7 @@ class _ContextSchedule:
                 self._missing[community] -= 1
                 if not self._missing[community]:
                     made += self._own(community)
-        return [(context["id"], context["context"]) for context in made]
+        return _items(made)
 
     def check_complete(self) -> None:
         if self._awaiting:
@@ -495,9 +495,13 @@ class _ContextSchedule:
             return []
         answered = self._community_of[item_id]
         self._answered[answered] = result
-        made = [context for community in self._needed_by.get(answered, ())
-                for context in self._with_sub_reports(community)]
-        return [(context["id"], context["context"]) for context in made]
+        return _items([context for community in self._needed_by.get(answered, ())
+                       for context in self._with_sub_reports(community)])
+
+
+def _items(contexts: list[dict]) -> list[tuple[str, str]]:
+    """Built contexts as a report stage's items: (community id, context text)."""
+    return [(context["id"], context["context"]) for context in contexts]
 
 
 def _records(df: DataFrame) -> list[dict]:
@@ -508,7 +512,7 @@ def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict], follow
                     feed_items=None) -> tuple[dict, object]:
     """One LLM stage over contexts built on the driver: their answers by community id (None: failed), the
     follow-ups' and the feed's (``_report_stage``) too."""
-    built = spark.createDataFrame([(c["id"], c["context"]) for c in contexts], "id string, context string")
+    built = spark.createDataFrame(_items(contexts), "id string, context string")
     outcome, usage = _report_stage(spark, store, cfg, built, run_id, follow_up, feed, feed_items)
     return {row["id"]: row["result"] for row in outcome.collect()}, usage
 

@@ -251,7 +251,7 @@ class FedRecords:
             closed = False
             while not closed:
                 events, closed = self._feed.take()
-                records = self._follow.fed(self._feed_items, events) if events else []
+                records = self._follow.fed(self._feed_items, events)
                 self._meter.total += len(records)
                 with self._changed:
                     if records and not (self._coordinator is not None and self._coordinator.add(records)):
@@ -305,6 +305,8 @@ class FollowUps:
     def fed(self, to_items: Callable[[list], list[tuple[str, str]]], events: list) -> list[dict]:
         """The items ``to_items`` makes of a feed's ``events`` (``Feed``), under the same lock as the answers'
         follow-ups (both read and change the caller's state); returns those to call."""
+        if not events:
+            return []
         with self._lock:
             return self._made(to_items(events), [])
 
@@ -597,7 +599,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             ready = follow.after([(key, *answers[key]) for key in unique if key in cached])
             if feed is not None:  # what the feed holds already; a closed feed leaves a stage like any other
                 events, closed = feed.take(wait=False)
-                ready += follow.fed(feed_items, events) if events else []
+                ready += follow.fed(feed_items, events)
                 feed = None if closed else feed
             pending_rows = [tuple(record[name] for name in keyed.columns) for record in ready] + pending_rows
         n_items, n_pending = len(unique), len(pending_rows)
