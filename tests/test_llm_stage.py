@@ -401,6 +401,23 @@ def test_a_fed_stage_calls_what_another_stage_publishes_as_it_comes_and_ends_onc
         assert server.stats()["served"]["chat"] == 7
 
 
+def test_a_feed_gathers_events_until_its_time_is_up_or_what_the_reader_awaits_has_come():
+    from graphrag_spark.llm.stage import Feed
+
+    feed = Feed()
+    for event in ("a", "b"):
+        threading.Timer(0.2, feed.put, [[event]]).start()
+    started = time.monotonic()
+    events, closed = feed.take(gather_s=30, enough=lambda events: {"a", "b"} <= set(events))
+    assert sorted(events) == ["a", "b"] and not closed and time.monotonic() - started < 5
+    feed.put(["c"])
+    started = time.monotonic()
+    assert feed.take(gather_s=0.3, enough=lambda events: "d" in events) == (["c"], False)
+    assert time.monotonic() - started >= 0.3, "what the reader awaits did not come: the whole gather time"
+    threading.Timer(0.2, feed.close).start()
+    assert feed.take(gather_s=30, enough=lambda events: False) == ([], True)
+
+
 def test_no_minute_of_budget_sends_sees_the_limit_and_a_long_stretch_runs_at_it():
     from bisect import bisect_left
 

@@ -279,16 +279,19 @@ def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[
     return {r.text_hash: r.vector for r in rows}
 
 
-def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: Config,
-                           name: str) -> tuple[list[list[float] | None], int]:
+def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: Config, name: str,
+                           known: dict[str, list[float]] | None = None) -> tuple[list[list[float] | None], int]:
     """``embed_cached`` for texts held by the driver: one vector per text (None: failed) and the number of
     texts sent to the model. New endpoint vectors are journaled as their batch returns, then appended to
-    ``embedding_cache`` in one commit."""
+    ``embedding_cache`` in one commit. ``known``: vectors by text hash this process has from the cache
+    already (only the other texts are looked up)."""
     if cfg.embeddings.provider != "openai":
         return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
     journal_path = _recovered_journal(store.spark, store, name)
     hashes = [python_text_hash(text) for text in texts]
-    vectors = _cached_vectors(store, cfg, set(hashes))
+    known = known or {}
+    vectors = {key: known[key] for key in hashes if key in known}
+    vectors.update(_cached_vectors(store, cfg, set(hashes) - set(vectors)))
     missing: dict[str, str | None] = {}  # the distinct texts the cache has no vector of, by hash
     for key, text in zip(hashes, texts):
         if key not in vectors:
@@ -337,24 +340,35 @@ SUMMARY_ROUND_S = 30.0
 
 
 def embed_entities_beside_summaries(store: T.TableStore, cfg: Config, entities: list[dict], awaited: set[str],
-                                    summaries) -> int:
+                                    summaries) -> tuple[int, dict[str, list[float]]]:
     """Fill ``embedding_cache`` with the entity texts while the descriptions are summarized, so that the entity
-    embeddings stage, once they are, finds nearly all of them cached: first every entity not ``awaited`` (its
+    embeddings stage, once they are, finds all of them at hand: first every entity not ``awaited`` (its
     description is final), then the summarized ones as their summaries come (``summaries``: the summaries'
-    ``Feed`` of (element id, summary; None: it failed and the description stays)). ``entities``: rows with
-    ``id``, ``title`` and ``description`` as the graph wrote them. Returns the texts sent to the model."""
+    ``Feed`` of (element id, summary; None: it failed and the description stays)); the last round as soon
+    as the last awaited summary has come, while the summaries' tables are written. ``entities``: rows with
+    ``id``, ``title`` and ``description`` as the graph wrote them. Returns the texts sent to the model and
+    the vectors by text hash (failed ones left out), for ``build_embeddings``' ``known``."""
     name = T.ENTITY_EMBEDDINGS
     waiting = {row["id"]: row for row in entities if row["id"] in awaited}
-    sent = _embed_cached_on_driver(store, [python_entity_text(row["title"], row["description"]) for row in entities
-                                           if row["id"] not in waiting], cfg, name)[1]
-    closed = False
-    while not closed:
-        events, closed = summaries.take(gather_s=SUMMARY_ROUND_S)
+    vectors: dict[str, list[float]] = {}
+
+    def embed(texts: list[str]) -> int:
+        embedded, sent = _embed_cached_on_driver(store, texts, cfg, name)
+        vectors.update((python_text_hash(text), vector) for text, vector in zip(texts, embedded) if vector is not None)
+        return sent
+
+    sent = embed([python_entity_text(row["title"], row["description"]) for row in entities if row["id"] not in waiting])
+    left, closed = set(waiting), False
+    while left and not closed:
+        events, closed = summaries.take(gather_s=SUMMARY_ROUND_S,
+                                        enough=lambda events: left <= {key for key, _ in events})
         texts = [python_entity_text(waiting[key]["title"], waiting[key]["description"] if summary is None else summary)
-                 for key, summary in events if key in waiting]
+                 for key, summary in events if key in left]
+        left -= {key for key, _ in events}
         if texts:
-            sent += _embed_cached_on_driver(store, texts, cfg, name)[1]
-    return sent
+            sent += embed(texts)
+    summaries.all()  # the stage's table reads the entities as the summaries leave them
+    return sent, vectors
 
 
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
@@ -382,7 +396,7 @@ def _build_in_executors(spark: SparkSession, store: T.TableStore, cfg: Config, n
 
 
 def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name: str, collected: list,
-                     previous: T.TableStore | None) -> tuple[int, int, int]:
+                     previous: T.TableStore | None, known: dict[str, list[float]] | None) -> tuple[int, int, int]:
     """The executor path's table from the ``(id, text)`` rows in the driver, written once."""
     model_name = embedding_model_name(cfg)
     kept: list = []
@@ -391,18 +405,20 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
         kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
     kept_ids = {key for key, _ in kept}
     todo = [r for r in collected if r.id not in kept_ids]
-    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name)
+    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name, known)
     out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
     store.write(spark.createDataFrame(out, T.SCHEMAS[name]), name, counted=False)
     return len(collected), requested, sum(v is None for v in vectors)
 
 
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
-                     previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED) -> dict[str, int]:
+                     previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED,
+                     known: dict[str, list[float]] | None = None) -> dict[str, int]:
     """Write the embeddings tables ``names`` (both by default); returns counts for the run summary.
 
     With ``previous`` (the last run's tables) a row whose text did not change keeps its vector:
-    only new or changed texts (and earlier failures) are embedded."""
+    only new or changed texts (and earlier failures) are embedded. ``known``: cached vectors by text
+    hash the caller holds (a table the driver builds does not read them back)."""
     counts: dict[str, int] = {}
     failures = []
     for name in names:
@@ -410,7 +426,7 @@ def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
         # One more row than the driver takes: a large table costs a short read, then the executor path.
         collected = frame.limit(DRIVER_EMBED_ROWS + 1).collect()
         if len(collected) <= DRIVER_EMBED_ROWS:
-            rows, requested, failed = _build_on_driver(spark, store, cfg, name, collected, previous)
+            rows, requested, failed = _build_on_driver(spark, store, cfg, name, collected, previous, known)
         else:
             rows, requested, failed = _build_in_executors(spark, store, cfg, name, frame, previous)
         counts[f"{name} rows"] = rows

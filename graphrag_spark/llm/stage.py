@@ -210,12 +210,15 @@ class Feed:
             self._closed, self._failure = True, failure
             self._changed.notify_all()
 
-    def take(self, wait: bool = True, gather_s: float = 0.0) -> tuple[list, bool]:
+    def take(self, wait: bool = True, gather_s: float = 0.0,
+             enough: Callable[[list], bool] | None = None) -> tuple[list, bool]:
         """The events not taken yet (where ``wait``, once there are some or it is closed; with ``gather_s``,
-        once that long has passed or it is closed) and whether it is closed; raises where the publisher failed."""
+        once that long has passed, ``enough(events)`` holds, or it is closed) and whether it is closed;
+        raises where the publisher failed."""
         deadline = time.monotonic() + gather_s
         with self._changed:
-            while wait and not self._closed and (not self._events or time.monotonic() < deadline):
+            while wait and not self._closed and (not self._events or (
+                    time.monotonic() < deadline and not (enough is not None and enough(self._events)))):
                 self._changed.wait(max(0.0, deadline - time.monotonic()) if self._events else None)
             events, self._events = self._events, []
             if self._closed and self._failure is not None:
