@@ -20,12 +20,16 @@ the budget let calls start at), and over the stages' wall time; end to end (all 
 wall time, Spark start-up included); the wall time of the non-LLM stages; and the dead time: the
 seconds of the whole run in which no chat call was in flight (one run-wide timeline of the calls,
 so a stage overlapped by another stage's calls is not dead), each counted once under the set of
-stages running then; and the seconds with no call of either model in flight.
+stages running then; the seconds with no call of either model in flight; and the budget left unsent
+(per 5 s of the run, the seconds of the limit no chat call was sent in, by the stages running then:
+unlike dead time, it also counts a stage's last latency and its ramp, where calls are in flight but
+fewer start than the limit allows).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 import time
@@ -114,6 +118,27 @@ def dead_time(calls: list[tuple[float, float]], begin: float, end: float, stages
                     by_running[label] = round(by_running.get(label, 0.0) + seconds, 1)
         cursor = max(cursor, stop)
     return idle, dict(sorted(by_running.items(), key=lambda item: -item[1]))
+
+
+def unsent_budget(sent_at: list[float], begin: float, end: float, stages: list[tuple[str, float, float]],
+                  rate: float, bucket_s: float = 5.0) -> dict[str, float]:
+    """Where the budget went unused: per ``bucket_s`` of the run, the seconds of budget no call was sent
+    in (calls short of ``rate`` x ``bucket_s``, over ``rate``), summed by the stages running then (the
+    bucket's middle; ``start-up`` before the first stage, ``between stages`` when none ran). Unlike dead
+    time, it counts the stretches where calls are in flight but fewer are sent than the limit allows
+    (a stage's last latency, a ramp)."""
+    buckets = [0] * max(1, math.ceil((end - begin) / bucket_s))
+    for sent in sent_at:
+        buckets[min(len(buckets) - 1, max(0, int((sent - begin) // bucket_s)))] += 1
+    first = min((a for _, a, _ in stages), default=end - begin)
+    unsent: dict[str, float] = {}
+    for i, count in enumerate(buckets):
+        width = min(bucket_s, end - begin - i * bucket_s)
+        middle = i * bucket_s + width / 2
+        running = [name for name, t0, t1 in stages if t0 <= middle < t1]
+        label = "+".join(running) if running else ("start-up" if middle < first else "between stages")
+        unsent[label] = unsent.get(label, 0.0) + max(0.0, width - count / rate)
+    return {label: round(seconds, 1) for label, seconds in sorted(unsent.items(), key=lambda item: -item[1])}
 
 
 def _running_during(stages: list[tuple[str, float, float]], s0: float, s1: float) -> dict[str, float]:
@@ -215,6 +240,7 @@ def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, glea
         "share_end_to_end": round(chat / wall * 60 / rpm, 3),
         "server_429s": stats["rate_limited"], "dead_time_s": round(idle, 1), "dead_time_by_running_stages": idle_by_stage,
         "dead_time_no_call_of_any_model_s": round(idle_any, 1),
+        "unsent_budget_s_by_running_stages": unsent_budget([a for a, _ in chat_calls], begin, end, stages, rate),
         "non_llm_stages_s": round(non_llm_s, 1),
         "stage_s": summary.seconds,
         "llm_stages": [f"{u.stage}: {u.items} items {u.calls} calls {u.wall_s}s" for u in summary.usage],
