@@ -18,7 +18,7 @@ from graphrag_spark.errors import StageFailed
 from graphrag_spark.index import graph, runs
 from graphrag_spark.index.chunks import build_text_units
 from graphrag_spark.index.documents import build_documents
-from graphrag_spark.index.embed import embedding_input
+from graphrag_spark.index.embed import embedding_input, text_hash
 from graphrag_spark.index.extraction import extract_llm_instances
 from graphrag_spark.index.pipeline import estimate_extraction, run_index
 from graphrag_spark.llm.server import start_server
@@ -153,6 +153,13 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     assert summary.counts["entity texts embedded beside the summaries"] == entity_texts
     assert summary.counts["entity_embeddings texts embedded"] == 0 and summary.counts["entity_embeddings failed"] == 0
     assert store.read(T.ENTITY_EMBEDDINGS).where(F.col("vector").isNull()).count() == 0
+    # Its table was built from the texts the summaries' answers make, in memory: each entity holds the cached
+    # vector of its text as the summarized entities table gives it.
+    cached = store.read(T.EMBEDDING_CACHE).dropDuplicates(["text_hash"]).select("text_hash", F.col("vector").alias("cached"))
+    expected = (embedding_input(store, T.ENTITY_EMBEDDINGS).select("id", text_hash(F.col("text")).alias("text_hash"))
+                .join(cached, "text_hash"))
+    table = store.read(T.ENTITY_EMBEDDINGS)
+    assert table.count() == expected.count() == table.join(expected, "id").where(F.col("vector") == F.col("cached")).count()
     assert stats["served"]["embeddings"] > 0
 
     assert llm_index.nothing_changed, "a refresh of the same input skips every stage"

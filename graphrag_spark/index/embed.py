@@ -339,36 +339,45 @@ def python_entity_text(title: str, description: str | None) -> str:
 SUMMARY_ROUND_S = 30.0
 
 
-def embed_entities_beside_summaries(store: T.TableStore, cfg: Config, entities: list[dict], awaited: set[str],
-                                    summaries) -> tuple[int, dict[str, list[float]]]:
-    """Fill ``embedding_cache`` with the entity texts while the descriptions are summarized, so that the entity
-    embeddings stage, once they are, finds all of them at hand: first every entity not ``awaited`` (its
-    description is final), then the summarized ones as their summaries come (``summaries``: the summaries'
-    ``Feed`` of (element id, summary; None: it failed and the description stays)); the last round as soon
-    as the last awaited summary has come, while the summaries' tables are written. ``entities``: rows with
-    ``id``, ``title`` and ``description`` as the graph wrote them. Returns the texts sent to the model and
-    the vectors by text hash (failed ones left out), for ``build_embeddings``' ``known``."""
+def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cfg: Config, entities: list[dict],
+                                    awaited: set[str], summaries) -> dict[str, int]:
+    """The entity embeddings stage of a full build beside the summaries: fill ``embedding_cache`` with the
+    entity texts while the descriptions are summarized, first every entity not ``awaited`` (its description is
+    final), then the summarized ones as their summaries come (``summaries``: the summaries' ``Feed`` of
+    (element id, summary; None: it failed and the description stays)), in rounds; the last one as soon as
+    the last awaited summary has come. Then the stage's table, from the entities' final texts (those the
+    summaries write to ``entities``, so the stage neither waits for that write nor reads it back) and, on
+    the driver path, the vectors at hand. ``entities``: rows with ``id``, ``title`` and ``description`` as
+    the graph wrote them. Returns ``build_embeddings``' counts and the texts sent beside the summaries."""
     name = T.ENTITY_EMBEDDINGS
+    final = {row["id"]: python_entity_text(row["title"], row["description"]) for row in entities}
     waiting = {row["id"]: row for row in entities if row["id"] in awaited}
-    vectors: dict[str, list[float]] = {}
+    # Vectors kept for the driver path only: it is the one that would read them back (and they are small there).
+    vectors: dict[str, list[float]] | None = {} if len(entities) <= DRIVER_EMBED_ROWS else None
 
     def embed(texts: list[str]) -> int:
         embedded, sent = _embed_cached_on_driver(store, texts, cfg, name)
-        vectors.update((python_text_hash(text), vector) for text, vector in zip(texts, embedded) if vector is not None)
+        if vectors is not None:
+            vectors.update((python_text_hash(text), vector) for text, vector in zip(texts, embedded) if vector is not None)
         return sent
 
-    sent = embed([python_entity_text(row["title"], row["description"]) for row in entities if row["id"] not in waiting])
-    left, closed = set(waiting), False
-    while left and not closed:
+    sent = embed([text for key, text in final.items() if key not in waiting])
+    left = set(waiting)
+    while left:
         events, closed = summaries.take(gather_s=SUMMARY_ROUND_S,
                                         enough=lambda events: left <= {key for key, _ in events})
-        texts = [python_entity_text(waiting[key]["title"], waiting[key]["description"] if summary is None else summary)
-                 for key, summary in events if key in left]
-        left -= {key for key, _ in events}
-        if texts:
-            sent += embed(texts)
-    summaries.all()  # the stage's table reads the entities as the summaries leave them
-    return sent, vectors
+        came = {key: summary for key, summary in events if key in left}
+        for key, summary in came.items():
+            row = waiting[key]
+            final[key] = python_entity_text(row["title"], row["description"] if summary is None else summary)
+        left -= set(came)
+        if came:
+            sent += embed([final[key] for key in came])
+        if closed and left:
+            raise RuntimeError(f"internal error: {len(left)} summaries awaited by the entity embeddings never came")
+    texts = spark.createDataFrame(list(final.items()), "id string, text string")
+    counts = build_embeddings(spark, store, cfg, None, (name,), known=vectors, texts=texts)
+    return {**counts, "entity texts embedded beside the summaries": sent}
 
 
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
@@ -413,16 +422,17 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
 
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
                      previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED,
-                     known: dict[str, list[float]] | None = None) -> dict[str, int]:
+                     known: dict[str, list[float]] | None = None, texts: DataFrame | None = None) -> dict[str, int]:
     """Write the embeddings tables ``names`` (both by default); returns counts for the run summary.
 
     With ``previous`` (the last run's tables) a row whose text did not change keeps its vector:
     only new or changed texts (and earlier failures) are embedded. ``known``: cached vectors by text
-    hash the caller holds (a table the driver builds does not read them back)."""
+    hash the caller holds (a table the driver builds does not read them back). ``texts``: the ``(id,
+    text)`` rows of the one table ``names`` names, as the caller made them (not read from its input)."""
     counts: dict[str, int] = {}
     failures = []
     for name in names:
-        frame = embedding_input(store, name)
+        frame = embedding_input(store, name) if texts is None else texts
         # One more row than the driver takes: a large table costs a short read, then the executor path.
         collected = frame.limit(DRIVER_EMBED_ROWS + 1).collect()
         if len(collected) <= DRIVER_EMBED_ROWS:

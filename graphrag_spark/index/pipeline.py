@@ -488,15 +488,15 @@ def text_unit_embeddings_stage(run: Run) -> None:
 
 
 def entity_embeddings_stage(run: Run) -> None:
-    summaries, known = run.feed("entity_embeddings", SUMMARIES), None
+    summaries = run.feed("entity_embeddings", SUMMARIES)
     if summaries is not None and run.summarized_ids is not None and run.cfg.embeddings.provider == "openai":
         entities = [row.asDict() for row in run.table(T.ENTITIES).select("id", "title", "description").collect()]
-        run.summary.counts["entity texts embedded beside the summaries"], known = embed_entities_beside_summaries(
-            run.store, run.cfg, entities, run.summarized_ids, summaries)
-    elif summaries is not None:
+        run.summary.counts.update(embed_entities_beside_summaries(run.spark, run.store, run.cfg, entities,
+                                                                  run.summarized_ids, summaries))
+        return
+    if summaries is not None:
         summaries.all()  # the entities as the summaries leave them
-    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,),
-                                               known))
+    run.summary.counts.update(build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,)))
 
 
 SUMMARIES = "summarize_descriptions"
