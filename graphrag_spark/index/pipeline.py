@@ -535,7 +535,7 @@ STAGES: tuple[Stage, ...] = (
           "bottom-up; a context already reported is a cache hit, so only changed contexts are paid for",
           reports_stage, beside=(SUMMARIES,)),
     # Beside the summaries too: a full build's endpoint vectors of final descriptions are cached while the
-    # others are summarized, each summary's as it comes; the table is written once the summaries end.
+    # others are summarized, each summary's as it comes; the table is written once the last summary came.
     Stage("entity_embeddings", (T.ENTITIES,), (T.ENTITY_EMBEDDINGS,),
           "embed only new or changed descriptions; the others keep their vectors", entity_embeddings_stage,
           beside=(SUMMARIES,)),
