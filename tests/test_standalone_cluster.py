@@ -67,16 +67,30 @@ def _submit(cluster, archive, tmp: Path, script: str, args: list[str], **kwargs)
                        env=submit_env(_driver_env()), cwd=REPO)
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None once the pid is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
+        return None
+
+
+def _started_at(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot: with the pid, it names one process even once the
+    pid has been reused (a busy machine can wrap its pids within the minutes the jobs take)."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _alive(pid: int, started_at: int | None = None) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z" and (started_at is None or int(fields[19]) == started_at)
 
 
 def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], server, watch: ProcessWatch):
     """Run the index job; once community reports are being written (their contexts checkpointed, their LLM
-    stage running), SIGKILL one executor JVM, as a lost node would. Returns the finished job and the killed pid."""
+    stage running), SIGKILL one executor JVM, as a lost node would. Returns the finished job and the killed
+    process as (pid, start time)."""
     stdout, stderr = tmp / "index.out", tmp / "index.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         job = track(subprocess.Popen(_command(cluster, archive, tmp, "index.py", args), stdout=out, stderr=err,
@@ -89,10 +103,15 @@ def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], ser
                     raise TimeoutError(f"the index job ran past {JOB_TIMEOUT_S} s")
                 if killed is None and server.stats()["by_kind"].get("community_report", 0) >= 1:
                     executors, _ = watch.of_cluster(cluster)
-                    alive = [p.pid for p in executors if _alive(p.pid)]
-                    if alive:
-                        killed = alive[0]
-                        os.kill(killed, signal.SIGKILL)
+                    for executor in executors:
+                        started_at = _started_at(executor.pid) if _alive(executor.pid) else None
+                        try:
+                            if started_at is not None:
+                                os.kill(executor.pid, signal.SIGKILL)
+                                killed = (executor.pid, started_at)
+                                break
+                        except ProcessLookupError:  # it ended between the look and the kill
+                            continue
                 time.sleep(0.1)
         finally:
             if job.poll() is None:
@@ -109,7 +128,7 @@ class ClusterRun:
     refused: subprocess.CompletedProcess
     index: subprocess.CompletedProcess
     query: subprocess.CompletedProcess
-    killed: int | None
+    killed: tuple[int, int] | None
     executors: list[SeenProcess]
     python_workers: list[SeenProcess]
     stats: dict
@@ -182,7 +201,7 @@ def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_envir
     work_dirs = [str(d) for d in cluster.work_dirs]
     assert len({p.cwd for p in executors}) >= 2, "the job ran in the cluster's two executors"
     # Executor loss: one was killed during the report stage, the master launched a replacement, the job finished.
-    assert killed is not None and not _alive(killed), "an executor was killed mid-stage"
+    assert killed is not None and not _alive(*killed), "an executor was killed mid-stage"
     assert len({p.pid for p in executors}) >= 3, "a replacement executor was launched"
     assert python_workers, "no Python worker was seen in an executor"
     for worker in python_workers:
