@@ -1,8 +1,9 @@
 from graphrag_spark.config import ChunkingConfig
-from graphrag_spark.index.chunks import chunk_documents, chunk_text, token_windows
+from graphrag_spark.index.chunks import build_text_units, chunk_documents, chunk_text, text_units_on_driver, token_windows
 from graphrag_spark.tokens import get_encoding
 
 import pandas as pd
+import pytest
 
 
 def test_windows_step_by_size_minus_overlap_and_end_at_n():
@@ -34,3 +35,16 @@ def test_chunk_ids_are_deterministic_and_distinct():
 
 def test_special_token_text_in_documents_is_plain_text():
     assert chunk_text("see <|endoftext|> here", 600, 100)[0][0] == "see <|endoftext|> here"
+
+
+@pytest.mark.spark
+def test_text_units_cut_on_the_driver_equal_the_executors(spark):
+    """A small full build cuts its text units on the driver (``DRIVER_CHUNK_CHARS``): the same rows as
+    the executors' cut, multi-byte characters at window edges, an empty text and many documents included."""
+    texts = ["Scrooge's nephew. " * 300, "日本語のテキスト、" * 400 + "émigré " * 50, "", "One short line.",
+             *(f"Document {i}: the Lumen Cells factory, shift {i}. " * (i + 1) for i in range(20))]
+    documents = spark.createDataFrame([(f"doc-{i}", text) for i, text in enumerate(texts)], "id string, text string")
+    cfg = ChunkingConfig(size=60, overlap=10)
+    on_driver, n_units = text_units_on_driver(documents, cfg)
+    in_executors = sorted(map(tuple, build_text_units(documents, cfg).collect()))
+    assert sorted(map(tuple, on_driver.collect())) == in_executors and n_units == len(in_executors) > 100

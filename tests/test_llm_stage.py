@@ -10,7 +10,7 @@ import pytest
 
 from graphrag_spark import tables as T
 from graphrag_spark.llm.server import start_server
-from graphrag_spark.llm.stage import LlmWork, new_run_id, run_llm_stage
+from graphrag_spark.llm.stage import FreshResults, LlmWork, new_run_id, run_llm_stage
 
 pytestmark = pytest.mark.spark
 
@@ -213,7 +213,7 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     assert in_flight_target(600, 10.0, 64) == 64
 
 
-def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, make_config, monkeypatch):
+def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, make_config, monkeypatch, tmp_path):
     from graphrag_spark.llm import stage
 
     echo = _echo_fn()
@@ -238,6 +238,19 @@ def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, m
     stage._commits_since_count[location] = 16
     stage._compact(spark, store, 64)
     assert len(counted) == 1 and stage._commits_since_count[location] == 0
+
+    # A table the run created (an index run's FreshResults found none) is never counted: its files are the
+    # run's own commits, so its first stage ends without a Delta job for the count.
+    counted.clear()
+    with start_server(seed=8) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model", "llm.max_result_files=64",
+                          f"storage.root={tmp_path / 'fresh'}")
+        fresh = T.TableStore(spark, cfg.storage)
+        fresh.fresh_results = FreshResults()
+        for n in (1, 2):
+            run_llm_stage(spark, fresh, cfg.llm, cfg.llm.chat, "echo", _echo_items(spark, n), echo, new_run_id(), "v1", {})
+    assert stage._commits_since_count[fresh.location(T.LLM_RESULTS)] == 2
+    assert not [query for query in counted if "DESCRIBE DETAIL" in query], counted[1:]
 
 
 def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, monkeypatch, tmp_path):

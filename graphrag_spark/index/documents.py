@@ -267,9 +267,11 @@ def _group(parsed: DataFrame, listed: list[str] | None = None) -> tuple[DataFram
     is_document = F.col("kind") == "document"
     totals = parsed.agg(F.count(F.when(is_document, 1)).alias("read"), F.count(F.when(F.col("kind") == "reject", 1)).alias("rejected"),
                         F.countDistinct(F.when(is_document, F.col("id"))).alias("documents"),
-                        F.countDistinct("file").alias("files")).collect()[0]
+                        F.countDistinct("file").alias("files"),
+                        F.sum(F.when(is_document, F.length("text"))).alias("chars")).collect()[0]
+    # ``chars``: of every document read, duplicates included (what a driver-side step would hold at most).
     counts = {"documents": totals["documents"], "duplicates": totals["read"] - totals["documents"],
-              "rejected": totals["rejected"]}
+              "rejected": totals["rejected"], "chars": totals["chars"] or 0}
     if listed is not None and totals["files"] < len(listed):
         scanned = {_same_path(row.file) for row in parsed.select("file").distinct().collect()}
         empty = sorted(path for path in listed if _same_path(path) not in scanned)

@@ -35,7 +35,7 @@ from graphrag_spark.compat import in_parallel, inheriting, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
-from graphrag_spark.index.chunks import build_text_units
+from graphrag_spark.index.chunks import DRIVER_CHUNK_CHARS, build_text_units, text_units_on_driver
 from graphrag_spark.index.documents import build_documents, build_documents_from_changes, source_table_version
 from graphrag_spark.index.embed import build_embeddings, embed_entities_beside_summaries
 from graphrag_spark.index.graph_backend import resolve_backend
@@ -105,6 +105,7 @@ class Run:
     counted: dict[str, int] = field(default_factory=dict)  # rows of tables this run wrote, as they were written
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
     documents_written: bool = True  # False: the input was the published documents again, nothing written
+    document_chars: int | None = None  # the characters of every document read, where the read counted them
     # A full build's entity and relationship rows as the graph stage wrote them on the driver (small graphs),
     # so the communities do not read them back.
     graph_rows: tuple | None = None
@@ -220,7 +221,7 @@ def documents_stage(run: Run) -> None:
         run.write_behind(documents, T.DOCUMENTS, counted=False)
     else:
         in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
-    n_documents = counts["documents"]
+    n_documents, run.document_chars = counts["documents"], counts.get("chars")
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
     if n_documents == 0:
@@ -270,10 +271,14 @@ def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataF
 def text_units_stage(run: Run) -> None:
     before = run.before(T.TEXT_UNITS)
     documents = run.table(T.DOCUMENTS)
-    todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
-    kept = _kept_rows(before, "document_id", documents)
-    units = _union(kept, build_text_units(todo, run.cfg.chunking))
-    n_units = run.write_cached(units, T.TEXT_UNITS) if before is not None else run.write_behind(units, T.TEXT_UNITS)
+    if before is None and run.document_chars is not None and run.document_chars <= DRIVER_CHUNK_CHARS:
+        # A small full build: cut and counted on the driver, no Spark job before extraction's own.
+        units, n_units = text_units_on_driver(documents, run.cfg.chunking)
+        run.write_behind(units, T.TEXT_UNITS, counted=False)
+    else:
+        todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
+        units = _union(_kept_rows(before, "document_id", documents), build_text_units(todo, run.cfg.chunking))
+        n_units = run.write_cached(units, T.TEXT_UNITS) if before is not None else run.write_behind(units, T.TEXT_UNITS)
     # A full build extracts every unit (no join of the table with its own ids).
     run.changed[T.TEXT_UNITS] = None if before is None else _new_ids(run.table(T.TEXT_UNITS), before)
     run.summary.counts["text units"] = n_units

@@ -373,6 +373,11 @@ class FreshResults:
             for row in rows if self._fresh else ():
                 self._keys.setdefault(row["stage"], set()).add(row["item_key"])
 
+    @property
+    def fresh(self) -> bool:
+        """Whether the table did not exist as the run began (and no commit came before its first lookup)."""
+        return self._fresh is True
+
     def turn_off(self) -> None:
         with self._lock:
             self._fresh = False
@@ -398,6 +403,9 @@ def _commit(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
         with _count_lock:
             if location in _commits_since_count:
                 _commits_since_count[location] += 1
+            elif store.fresh_results is not None and store.fresh_results.fresh:
+                # This run created the table: its files are this run's commits, so none need counting.
+                _commits_since_count[location] = 1
 
 
 def _answers(store: T.TableStore, stage: str, keys: set[str]) -> dict[str, tuple[str | None, str | None]]:
