@@ -141,9 +141,21 @@ def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g
         raise
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent, ..., start time at index 19),
+    or None once the pid is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 @dataclass
 class SeenProcess:
     pid: int
+    # Clock ticks since boot: with the pid it names one process, also once the pid is reused (pid_max is
+    # 32768 on some machines, and a busy test run wraps it within the minutes a job takes).
+    started_at: int
     parent: int
     argv: list[str]
     cwd: str
@@ -155,8 +167,8 @@ class ProcessWatch:
 
     def __init__(self, interval_s: float = 0.3) -> None:
         self.interval_s = interval_s
-        self.executors: dict[int, SeenProcess] = {}
-        self.python_workers: dict[int, SeenProcess] = {}
+        self.executors: dict[tuple[int, int], SeenProcess] = {}  # by (pid, start time)
+        self.python_workers: dict[tuple[int, int], SeenProcess] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -165,8 +177,11 @@ class ProcessWatch:
             for entry in Path("/proc").iterdir():
                 if not entry.name.isdigit():
                     continue
-                pid = int(entry.name)
-                if pid in self.executors or pid in self.python_workers:
+                pid, stat = int(entry.name), proc_stat(int(entry.name))
+                if stat is None:
+                    continue
+                key = (pid, int(stat[19]))
+                if key in self.executors or key in self.python_workers:
                     continue
                 try:
                     argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
@@ -181,11 +196,10 @@ class ProcessWatch:
                 try:
                     cwd = os.readlink(entry / "cwd")
                     raw = (entry / "environ").read_bytes().split(b"\0")
-                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
+                except OSError:
                     continue
                 environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
-                target[pid] = SeenProcess(pid, parent, argv, cwd, environ)
+                target[key] = SeenProcess(pid, key[1], int(stat[1]), argv, cwd, environ)
             self._stop.wait(self.interval_s)
 
     def of_cluster(self, cluster: StandaloneCluster) -> tuple[list[SeenProcess], list[SeenProcess]]:
