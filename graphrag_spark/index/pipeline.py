@@ -577,10 +577,12 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
         if checked is not None and checked.diff is not None:
             return checked.summary
         # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
-        # at that read needs none.
-        warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
-                   if checked is None else None)
+        # at that read needs none. Once the lock is held: beside the lock's commit (the JVM's first, on
+        # the critical path) the warm-up's CPU made it 1-2 s slower on 2 cores, and a build refused the
+        # lock needs no workers; the first stage that needs them comes seconds later.
         with runs.IndexLock(store, run_id, cfg.refresh):
+            warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+                       if checked is None else None)
             return _locked_run(spark, cfg, store, run_id, full, checked, ahead)
     finally:
         # A run that ends early (the root locked, say) leaves none of its Spark jobs running behind it.
