@@ -130,26 +130,29 @@ def unsent_budget(sent_at: list[float], begin: float, end: float, stages: list[t
     buckets = [0] * max(1, math.ceil((end - begin) / bucket_s))
     for sent in sent_at:
         buckets[min(len(buckets) - 1, max(0, int((sent - begin) // bucket_s)))] += 1
-    first = min((a for _, a, _ in stages), default=end - begin)
     unsent: dict[str, float] = {}
     for i, count in enumerate(buckets):
         width = min(bucket_s, end - begin - i * bucket_s)
-        middle = i * bucket_s + width / 2
-        running = [name for name, t0, t1 in stages if t0 <= middle < t1]
-        label = "+".join(running) if running else ("start-up" if middle < first else "between stages")
+        label = _running_at(stages, i * bucket_s + width / 2)
         unsent[label] = unsent.get(label, 0.0) + max(0.0, width - count / rate)
     return {label: round(seconds, 1) for label, seconds in sorted(unsent.items(), key=lambda item: -item[1])}
 
 
+def _running_at(stages: list[tuple[str, float, float]], t: float) -> str:
+    """The stages running at offset ``t`` (``a+b`` where they overlap), ``start-up`` before the first one
+    and ``between stages`` when none ran."""
+    running = [name for name, t0, t1 in stages if t0 <= t < t1]
+    if running:
+        return "+".join(running)
+    return "start-up" if t < min((a for _, a, _ in stages), default=float("inf")) else "between stages"
+
+
 def _running_during(stages: list[tuple[str, float, float]], s0: float, s1: float) -> dict[str, float]:
     """The span [s0, s1] cut where a stage starts or ends: seconds per set of running stages."""
-    first = min((a for _, a, _ in stages), default=s1)
     cuts = sorted({s0, s1, *(t for _, a, b in stages for t in (a, b) if s0 < t < s1)})
     seconds: dict[str, float] = {}
     for a, b in zip(cuts, cuts[1:]):
-        middle = (a + b) / 2
-        running = [name for name, t0, t1 in stages if t0 <= middle < t1]
-        label = "+".join(running) if running else ("start-up" if middle < first else "between stages")
+        label = _running_at(stages, (a + b) / 2)
         seconds[label] = seconds.get(label, 0.0) + (b - a)
     return seconds
 

@@ -59,8 +59,7 @@ DRIVER_CHUNK_CHARS = 4_000_000
 
 def text_units_on_driver(documents: DataFrame, cfg: ChunkingConfig) -> tuple[DataFrame, int]:
     """``build_text_units``'s rows cut on the driver (a small input: see ``DRIVER_CHUNK_CHARS``), and how many."""
-    rows = documents.select("id", "text").collect()
-    units = chunk_documents(pd.DataFrame({"id": [row.id for row in rows], "text": [row.text for row in rows]}), cfg)
+    units = chunk_documents(documents.select("id", "text").toPandas(), cfg)
     return documents.sparkSession.createDataFrame(units, TEXT_UNIT_SCHEMA), len(units)
 
 
