@@ -62,8 +62,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
         spark = build_spark(cfg.spark)
         store = T.TableStore(spark, cfg.storage)
-        documents, _, _ = build_documents(spark, cfg.input)
-        units = build_text_units(documents, cfg.chunking)
+        units = build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking)
         if max_chunks:
             units = units.orderBy("id").limit(max_chunks)
         store.write(units, T.TEXT_UNITS)

@@ -115,7 +115,7 @@ def _sample_units(spark: SparkSession, cfg: Config) -> list[str]:
         from graphrag_spark.index.chunks import build_text_units
         from graphrag_spark.index.documents import build_documents
 
-        units = build_text_units(build_documents(spark, cfg.input)[0], cfg.chunking)
+        units = build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking)
     rows = units.select("document_id", "chunk_index", "text").orderBy("document_id", "chunk_index").collect()
     texts = [r.text for r in rows if r.text and r.text.strip()]
     if not texts:

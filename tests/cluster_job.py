@@ -26,8 +26,7 @@ def main(corpus: str, root: str) -> None:
                                                      f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", "chunking.size=200",
                                                      "chunking.overlap=20"])
     spark = build_spark(cfg.spark, master="local-cluster[2,1,1024]")
-    docs, _, _ = documents.build_documents(spark, cfg.input)
-    units = build_text_units(docs, cfg.chunking).repartition(4).persist()
+    units = build_text_units(documents.build_documents(spark, cfg.input).documents, cfg.chunking).repartition(4).persist()
     # Persisted, as the index job does: the counts below read one extraction pass, not one pass each.
     entities, relationships = extraction.split_instances(extraction.nlp_instances(units, cfg.extraction).persist())
 

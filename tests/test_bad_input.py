@@ -99,3 +99,61 @@ def test_bad_files_are_skipped_and_counted_next_to_good_ones(spark, make_config,
     assert "above input.max_document_bytes" in reasons["huge.txt"]
     assert "unsupported file type" in reasons["image.png"]
     assert reasons["empty.txt"] == "empty file" and reasons["header.csv"] == "CSV has a header but no rows"
+
+
+def _every_kind_of_input(folder):
+    """A folder with every kind of document and reject the reader knows, under awkward file names."""
+    text = "Mayor Elena Voss visited Port Alder. Mayor Elena Voss met Port Alder workers."
+    (folder / "nested" / "deeper").mkdir(parents=True)
+    (folder / "_skipped").mkdir()
+    for name in ("good.txt", "copy of good.txt", "nested/deeper/good.txt", "h#1.txt", "x%41.txt"):
+        (folder / name).write_text(text)
+    (folder / "café notes.md").write_text("intro\n# Port Alder Shipyards\nThe shipyards reopened in March.")
+    (folder / "bom.txt").write_bytes("\ufeffA text with a byte order mark.".encode())
+    (folder / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (folder / "huge.txt").write_text("Port Alder " * 5000)
+    (folder / "image.png").write_bytes(b"\x89PNG")
+    (folder / "empty.txt").write_bytes(b"")
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "blank.txt").write_text("  \n\t\n")
+    (folder / "blob.txt").write_bytes(b"\x00\x01\x02binary")
+    (folder / "header.csv").write_text("text,title\n")
+    (folder / "other columns.csv").write_text("body,title\nx,y\n")
+    (folder / "rows.csv").write_text(f'text,title,lang\n"{text}",Visit,en\nThe harbour froze.,Winter,\n')
+    (folder / "records.jsonl").write_text("\n".join([
+        '{"text": "The harbour froze.", "title": "Winter", "tags": ["cold", "sea"], "year": 1902}', "{broken",
+        "[1, 2]", '{"body": "no text field"}', '{"text": "   "}', ""]))
+    (folder / ".hidden.txt").write_text("never listed")
+    (folder / "_skipped" / "x.txt").write_text("never listed")
+    (folder / "link.txt").symlink_to(folder / "good.txt")
+
+
+def _rows(read):
+    documents = sorted((r.id, r.title, r.text, r.source, tuple(r.duplicate_sources), tuple(sorted(r.metadata.items())),
+                        r.n_chars) for r in read.documents.collect())
+    return documents, sorted(map(tuple, read.rejects.collect())), read.counts
+
+
+def test_a_small_local_folder_read_on_the_driver_gives_the_spark_reads_rows(spark, tmp_path, monkeypatch):
+    """The driver-side read (``DRIVER_READ_BYTES``) runs no Spark job and gives the executors' read's rows, to
+    the spelling of every source: a refresh that read the other way would otherwise see changed documents."""
+    from graphrag_spark.index import documents as reader
+
+    _every_kind_of_input(tmp_path)
+    cfg = InputConfig(path=str(tmp_path), max_document_bytes=20000)
+    spark.sparkContext.setJobGroup("driver-read", "the driver-side read")
+    try:
+        on_driver = reader.build_documents(spark, cfg)
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup("driver-read") == []
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    monkeypatch.setattr(reader, "DRIVER_READ_BYTES", 0)
+    in_executors = reader.build_documents(spark, cfg)
+    assert on_driver.rows is not None and in_executors.rows is None
+    assert _rows(on_driver) == _rows(in_executors)
+    documents, rejects, counts = _rows(on_driver)
+    assert counts == {"documents": 4, "duplicates": 7, "rejected": 13, "chars": counts["chars"]} and counts["chars"] > 0
+    assert sorted(on_driver.rows["id"]) == sorted(d[0] for d in documents)
+    sources = {d[3].rsplit("/", 1)[-1] for d in documents} | {s.rsplit("/", 1)[-1] for d in documents for s in d[4]}
+    assert {"h#1.txt", "x%41.txt", "copy of good.txt", "café notes.md", "link.txt"} <= sources
+    assert {r[0].rsplit("/", 1)[-1]: r[1] for r in rejects}["empty.png"] == "empty file"

@@ -183,8 +183,7 @@ def mini_units(spark, mini_corpus):
     """The mini corpus's text units as the index cuts them (no LLM needed), for the extraction-only tests."""
     with start_server() as server:
         cfg = _llm_config("unused", mini_corpus, server)
-    documents, _, _ = build_documents(spark, cfg.input)
-    return build_text_units(documents, cfg.chunking).persist()
+    return build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking).persist()
 
 
 def test_injected_faults_still_extract_every_chunk(spark, llm_config, mini_units):

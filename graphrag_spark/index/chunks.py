@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from graphrag_spark.config import ChunkingConfig
 from graphrag_spark.ids import content_id
@@ -57,10 +57,11 @@ def chunk_documents(documents: pd.DataFrame, cfg: ChunkingConfig) -> pd.DataFram
 DRIVER_CHUNK_CHARS = 4_000_000
 
 
-def text_units_on_driver(documents: DataFrame, cfg: ChunkingConfig) -> tuple[DataFrame, int]:
-    """``build_text_units``'s rows cut on the driver (a small input: see ``DRIVER_CHUNK_CHARS``), and how many."""
-    units = chunk_documents(documents.select("id", "text").toPandas(), cfg)
-    return documents.sparkSession.createDataFrame(units, TEXT_UNIT_SCHEMA), len(units)
+def text_units_on_driver(spark: SparkSession, documents: pd.DataFrame, cfg: ChunkingConfig) -> tuple[DataFrame, int]:
+    """``build_text_units``'s rows of the (id, text) ``documents`` cut on the driver (a small input: see
+    ``DRIVER_CHUNK_CHARS``), and how many."""
+    units = chunk_documents(documents, cfg)
+    return spark.createDataFrame(units, TEXT_UNIT_SCHEMA), len(units)
 
 
 def build_text_units(documents: DataFrame, cfg: ChunkingConfig) -> DataFrame:

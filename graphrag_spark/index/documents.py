@@ -1,6 +1,7 @@
 """Stage 1, documents: read a folder or table into one row per distinct document.
 
-Files are read by Spark's ``binaryFile`` source and decoded in executors. Anything
+Files are read by Spark's ``binaryFile`` source and decoded in executors; a small folder of this
+machine's files is read on the driver instead (``DRIVER_READ_BYTES``), to the same rows. Anything
 unusable (empty, binary, non-UTF-8, oversized, a JSON line without text) becomes a
 row of ``input_rejects`` with its reason: skipped and counted, never silently lost.
 Identical content is stored once; the other sources are kept in ``duplicate_sources``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from graphrag_spark.compat import analysis_condition
+from graphrag_spark.compat import analysis_condition, is_connect
 from graphrag_spark.config import InputConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id, normalize_text
@@ -31,6 +33,25 @@ _FORMAT_BY_SUFFIX = {".txt": "text", ".text": "text", ".md": "markdown", ".markd
                      ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 _PARSED_COLUMNS = ["kind", "id", "title", "text", "source", "metadata", "reason", "n_bytes", "file"]
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+
+
+# A folder of local files holding at most this many bytes is read on the driver: Python reads the files
+# Spark lists, where a Spark job (and a Python worker's start) took about 5 s of a small index's critical
+# path on 2 cores, before its first LLM call. The rows are the Spark read's, to the spelling of a source.
+DRIVER_READ_BYTES = 8 << 20
+_DOCUMENT_SCHEMA = ("id string, title string, text string, source string, duplicate_sources array<string>, "
+                    "metadata map<string,string>, n_chars long")
+_REJECT_SCHEMA = "source string, reason string, n_bytes long"
+
+
+@dataclass(frozen=True)
+class InputRead:
+    """A read of the input: its documents (one row per distinct content), its rejects and their counts.
+    ``rows``: the documents' (id, text) in a pandas frame where the read was on the driver, else None."""
+    documents: DataFrame
+    rejects: DataFrame
+    counts: dict
+    rows: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,11 @@ _PARSED_SCHEMA = ("kind string, id string, title string, text string, source str
                   "metadata string, reason string, n_bytes long, file string")
 
 
+def _too_big(opts: ReaderOptions) -> str:
+    """The reject reason of a file above ``max_document_bytes``, its size a ``%d`` (Spark's ``format_string`` too)."""
+    return f"file is %d bytes, above input.max_document_bytes={opts.max_document_bytes}"
+
+
 def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFrame:
     files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(path)
              .select("path", "length", "content"))
@@ -162,8 +188,7 @@ def _read_files(spark: SparkSession, path: str, opts: ReaderOptions) -> DataFram
         F.lit("reject").alias("kind"), F.lit(None).cast("string").alias("id"), F.lit(None).cast("string").alias("title"),
         F.lit(None).cast("string").alias("text"), F.col("path").alias("source"),
         F.lit(None).cast("string").alias("metadata"),
-        F.concat(F.lit("file is "), F.col("length").cast("string"),
-                 F.lit(f" bytes, above input.max_document_bytes={opts.max_document_bytes}")).alias("reason"),
+        F.format_string(_too_big(opts), F.col("length")).alias("reason"),
         F.col("length").alias("n_bytes"), F.col("path").alias("file"))
     parsed = files.where(F.col("length") <= opts.max_document_bytes).mapInPandas(parse_partition, _PARSED_SCHEMA)
     return parsed.unionByName(too_big)
@@ -233,21 +258,77 @@ def _list_files(spark: SparkSession, cfg: InputConfig) -> list[str]:
     return list(listed)
 
 
-def _same_path(uri: str) -> str:
-    """One spelling for a file in the listing and in the scan: ``file:///x%20y`` and ``file:/x y`` are the same file."""
-    return re.sub(r"^file:/+", "file:/", unquote(uri))
+def _scan_spelling(listed: str) -> str:
+    """The spelling the scan's ``path`` gives a file the listing spells as a URI: ``file:///x%20y`` is ``file:/x y``
+    (the scan's own spelling is already decoded: ``file:/x%41`` is a file named that)."""
+    return re.sub(r"^file:/+", "file:/", unquote(listed))
 
 
-def build_documents(spark: SparkSession, cfg: InputConfig) -> tuple[DataFrame, DataFrame, dict]:
-    """Returns (documents, rejects, counts). Duplicates keep the smallest source path as canonical."""
+def build_documents(spark: SparkSession, cfg: InputConfig) -> InputRead:
+    """The input's documents; duplicates keep the smallest source path as canonical."""
     opts = ReaderOptions.from_config(cfg)
     if cfg.format in ("delta", "table"):
         return _group(_read_table(spark, cfg, opts))
     listed = _list_files(spark, cfg)  # first: a missing or empty folder gets its sentence
+    local = None if is_connect(spark) else _local_files(listed, opts)  # a Connect server's files are its own
+    if local is not None:
+        return _read_on_driver(spark, local, opts)
     return _group(_read_files(spark, cfg.path, opts), listed)
 
 
-def _group(parsed: DataFrame, listed: list[str] | None = None) -> tuple[DataFrame, DataFrame, dict]:
+def _local_files(listed: list[str], opts: ReaderOptions) -> dict[str, tuple[str, int]] | None:
+    """Per listed file, its path on this machine and its size: where every one is a ``file:`` URI of a file
+    here and those the read would take (not above ``max_document_bytes``) hold at most ``DRIVER_READ_BYTES``;
+    else None."""
+    local, total = {}, 0
+    for uri in listed:
+        parts = urlparse(uri)
+        if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+            return None
+        path = unquote(parts.path)
+        try:
+            size = os.path.getsize(path)
+        except OSError:  # not a file of this machine after all (or gone since the listing): Spark reads it
+            return None
+        local[uri] = (path, size)
+        total += size if size <= opts.max_document_bytes else 0
+        if total > DRIVER_READ_BYTES:
+            return None
+    return local
+
+
+def _read_on_driver(spark: SparkSession, local: dict[str, tuple[str, int]], opts: ReaderOptions) -> InputRead:
+    """``_group(_read_files(...))``'s rows, read and grouped in Python: the same ``parse_file`` of each file
+    under the path Spark's scan gives it, the same grouping by content id (Python orders strings by code
+    point, Spark by UTF-8 bytes: the same order)."""
+    rows = []
+    for uri, (path, size) in local.items():
+        source = _scan_spelling(uri)
+        if size == 0:  # whatever its type, as the Spark read (whose scan skips it) finds it in the listing
+            rows.append(_reject(source, "empty file", 0))
+        elif size > opts.max_document_bytes:  # rejected from its size, never read (as Spark does)
+            rows.append(_reject(source, _too_big(opts) % size, size))
+        else:
+            with open(path, "rb") as file:
+                rows.extend(parse_file(source, file.read(), opts))
+    read = [row for row in rows if row["kind"] == "document"]
+    rejects = [(row["source"], row["reason"], row["n_bytes"]) for row in rows if row["kind"] == "reject"]
+    by_id: dict[str, list[dict]] = {}
+    for row in read:
+        by_id.setdefault(row["id"], []).append(row)
+    documents = []
+    for document_id, copies in by_id.items():
+        first = min(copies, key=lambda row: row["source"])
+        others = sorted(row["source"] for row in copies if row["source"] != first["source"])
+        documents.append((document_id, first["title"], first["text"], first["source"], others, first["metadata"],
+                          len(first["text"])))
+    counts = {"documents": len(documents), "duplicates": len(read) - len(documents), "rejected": len(rejects),
+              "chars": sum(len(row["text"]) for row in read)}
+    return InputRead(spark.createDataFrame(documents, _DOCUMENT_SCHEMA), spark.createDataFrame(rejects, _REJECT_SCHEMA),
+                     counts, pd.DataFrame([(d[0], d[2]) for d in documents], columns=["id", "text"]))
+
+
+def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
     """Documents grouped by content, rejects and counts from parsed rows; ``listed``: the input files, of
     which those the scan did not read (zero bytes: every file read gives a row) are rejects too."""
     # Persisted under a plan of its own: an identical plan persisted by an earlier run in this session
@@ -273,12 +354,12 @@ def _group(parsed: DataFrame, listed: list[str] | None = None) -> tuple[DataFram
     counts = {"documents": totals["documents"], "duplicates": totals["read"] - totals["documents"],
               "rejected": totals["rejected"], "chars": totals["chars"] or 0}
     if listed is not None and totals["files"] < len(listed):
-        scanned = {_same_path(row.file) for row in parsed.select("file").distinct().collect()}
-        empty = sorted(path for path in listed if _same_path(path) not in scanned)
+        scanned = {row.file for row in parsed.select("file").distinct().collect()}
+        empty = sorted(path for path in map(_scan_spelling, listed) if path not in scanned)
         rejects = rejects.unionByName(parsed.sparkSession.createDataFrame(
-            [(path, "empty file", 0) for path in empty], "source string, reason string, n_bytes long"))
+            [(path, "empty file", 0) for path in empty], _REJECT_SCHEMA))
         counts["rejected"] += len(empty)
-    return documents, rejects, counts
+    return InputRead(documents, rejects, counts)
 
 
 def _table_name(cfg: InputConfig) -> str:
@@ -291,7 +372,7 @@ def source_table_version(spark: SparkSession, cfg: InputConfig) -> int:
 
 
 def build_documents_from_changes(spark: SparkSession, cfg: InputConfig, published: DataFrame,
-                                 processed_version: int) -> tuple[DataFrame, DataFrame, dict]:
+                                 processed_version: int) -> InputRead:
     """The published documents with the table's changes after ``processed_version`` applied, read
     through Delta Change Data Feed: only changed rows are read and parsed. Per row key the last
     change wins (a delete or an update's pre-image removes the row's source, an insert or post-image

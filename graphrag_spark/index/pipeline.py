@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
+import pandas as pd
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StringType, StructField, StructType
@@ -36,7 +37,7 @@ from graphrag_spark.config import Config
 from graphrag_spark.errors import UserError
 from graphrag_spark.index import communities, extraction, graph, reports, retention, runs
 from graphrag_spark.index.chunks import DRIVER_CHUNK_CHARS, build_text_units, text_units_on_driver
-from graphrag_spark.index.documents import build_documents, build_documents_from_changes, source_table_version
+from graphrag_spark.index.documents import InputRead, build_documents, build_documents_from_changes, source_table_version
 from graphrag_spark.index.embed import build_embeddings, embed_entities_beside_summaries
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
@@ -95,9 +96,9 @@ class Run:
     diff: DocumentDiff | None = None
     source_version: int | None = None
     published_run_id: str | None = None  # the run a refresh starts from
-    # The input (documents, rejects, counts) as read before the lock and found to differ from the
-    # published run's: the documents stage neither reads nor compares it again.
-    input_read: tuple[DataFrame, DataFrame, dict] | None = None
+    # The input as read before the lock and found to differ from the published run's: the documents
+    # stage neither reads nor compares it again.
+    input_read: InputRead | None = None
     # A full build's file input, read in a thread of its own while the lock was taken: the documents stage
     # takes its result (a file read depends on no published state).
     input_ahead: Future | None = None
@@ -106,6 +107,7 @@ class Run:
     described: dict[str, DataFrame] | None = None  # the graph stage's description lists, for the summaries
     documents_written: bool = True  # False: the input was the published documents again, nothing written
     document_chars: int | None = None  # the characters of every document read, where the read counted them
+    document_rows: pd.DataFrame | None = None  # the documents' (id, text) where the read was on the driver
     # A full build's entity and relationship rows as the graph stage wrote them on the driver (small graphs),
     # so the communities do not read them back.
     graph_rows: tuple | None = None
@@ -201,7 +203,8 @@ def _union(kept: DataFrame | None, new: DataFrame) -> DataFrame:
 def documents_stage(run: Run) -> None:
     cfg, store = run.cfg, run.store
     before = run.before(T.DOCUMENTS)
-    documents, rejects, counts = read_documents(run, before)
+    read = read_documents(run, before)
+    documents, rejects, counts = read.documents, read.rejects, read.counts
     if (before is not None and counts["documents"] and run.input_read is None
             and _as_published(run, documents, rejects)):
         # The published rows again (a warm rerun): nothing is written and nothing downstream runs.
@@ -221,7 +224,7 @@ def documents_stage(run: Run) -> None:
         run.write_behind(documents, T.DOCUMENTS, counted=False)
     else:
         in_parallel(run.spark, write_rejects, lambda: run.write_cached(documents, T.DOCUMENTS, counted=False))
-    n_documents, run.document_chars = counts["documents"], counts.get("chars")
+    n_documents, run.document_chars, run.document_rows = counts["documents"], counts.get("chars"), read.rows
     run.summary.counts.update({"documents": n_documents, "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
     if n_documents == 0:
@@ -252,7 +255,7 @@ def _as_published(run: Run, documents: DataFrame, rejects: DataFrame) -> bool:
     return same_rows(pairs)
 
 
-def read_documents(run: Run, before: DataFrame | None) -> tuple[DataFrame, DataFrame, dict]:
+def read_documents(run: Run, before: DataFrame | None) -> InputRead:
     """The input's documents. With ``input.change_data_feed`` on a refresh of a Delta input: the
     published documents with only the rows changed since the processed version applied."""
     if run.input_read is not None:
@@ -272,8 +275,11 @@ def text_units_stage(run: Run) -> None:
     before = run.before(T.TEXT_UNITS)
     documents = run.table(T.DOCUMENTS)
     if before is None and run.document_chars is not None and run.document_chars <= DRIVER_CHUNK_CHARS:
-        # A small full build: cut and counted on the driver, no Spark job before extraction's own.
-        units, n_units = text_units_on_driver(documents, run.cfg.chunking)
+        # A small full build: cut and counted on the driver, no Spark job before extraction's own (none
+        # at all where the documents were read on the driver too).
+        rows = documents.select("id", "text").toPandas() if run.document_rows is None else run.document_rows
+        units, n_units = text_units_on_driver(run.spark, rows, run.cfg.chunking)
+        run.document_rows = None
         run.write_behind(units, T.TEXT_UNITS, counted=False)
     else:
         todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
@@ -631,9 +637,9 @@ def _check_input(spark: SparkSession, cfg: Config, store: T.TableStore, run_id: 
         return None
     with run.summary.stage("input_check"):
         run.input_read = ahead.result() if ahead is not None else read_documents(run, run.before(T.DOCUMENTS))
-        documents, rejects, counts = run.input_read
-        if counts["documents"] and _as_published(run, documents, rejects):
-            run.diff = _unchanged_diff(run, counts)
+        read = run.input_read
+        if read.counts["documents"] and _as_published(run, read.documents, read.rejects):
+            run.diff = _unchanged_diff(run, read.counts)
             run.summary.counts["nothing changed"] = (f"the input reads as published run {run.published_run_id}: "
                                                      "no lock taken, nothing written")
     return run
@@ -844,8 +850,8 @@ def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
     from graphrag_spark.tokens import count_tokens
 
     store = T.TableStore(spark, cfg.storage)
-    documents, _, counts = build_documents(spark, cfg.input)
-    units = build_text_units(documents, cfg.chunking)
+    read = build_documents(spark, cfg.input)
+    units = build_text_units(read.documents, cfg.chunking)
     prompts = ExtractionPrompts.load()
     items = with_item_keys(units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"), "n_tokens"),
                            extraction.EXTRACTION_STAGE, cfg.llm.chat.model, prompts.version,
@@ -873,7 +879,7 @@ def estimate_extraction(spark: SparkSession, cfg: Config) -> dict:
         prompt_tokens += int(claim_row.n) * claim_template + int(claim_row.tokens or 0)
         completion_tokens += int(claim_row.tokens or 0) // 2
     cost = prompt_tokens / 1000 * cfg.llm.chat.price_per_1k_prompt + completion_tokens / 1000 * cfg.llm.chat.price_per_1k_completion
-    return {"documents": counts["documents"], "chunks to extract": n_chunks,
+    return {"documents": read.counts["documents"], "chunks to extract": n_chunks,
             "chunks already cached": items.select("item_key").distinct().count() - n_chunks,
             "extraction calls (at most)": calls, "prompt tokens (estimate)": prompt_tokens,
             "completion tokens (estimate)": completion_tokens, "estimated cost USD": round(cost, 4),

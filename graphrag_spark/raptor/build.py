@@ -185,11 +185,11 @@ def build_raptor(spark: SparkSession, cfg: Config) -> RaptorBuild:
 def _documents(spark: SparkSession, store: T.TableStore, cfg: Config) -> DataFrame:
     """The index's documents table when the root has one (shared with the GraphRAG index), else read from input.path."""
     if not store.exists(T.DOCUMENTS):
-        documents, rejects, counts = build_documents(spark, cfg.input)
-        store.write(rejects, T.INPUT_REJECTS)
-        store.write(documents, T.DOCUMENTS)
-        if counts["documents"] == 0:
-            raise UserError(f"No readable documents in '{cfg.input.path}': {counts['rejected']} inputs were skipped; "
+        read = build_documents(spark, cfg.input)
+        store.write(read.rejects, T.INPUT_REJECTS)
+        store.write(read.documents, T.DOCUMENTS)
+        if read.counts["documents"] == 0:
+            raise UserError(f"No readable documents in '{cfg.input.path}': {read.counts['rejected']} inputs were skipped; "
                             f"see the '{T.INPUT_REJECTS}' table at {store.location(T.INPUT_REJECTS)} for the reasons.")
     return store.read(T.DOCUMENTS)
 
