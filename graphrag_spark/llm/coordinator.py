@@ -11,7 +11,10 @@ the OS, a random token in every request) that the stage's tasks talk to:
   the task's window of items in flight: the job's Little's-law target (limit x observed
   latency) divided by the tasks running. The budget and the observed latency belong to the
   model (``shared_budget``), not to the stage: stages that overlap share one budget, and a stage
-  that starts after another starts at the latency already observed, not at a guess.
+  that starts after another starts at the latency already observed, not at a guess. A fed stage
+  (the reports, fed by the summaries) takes only the part of that target the model's other open
+  stages leave: what feeds it ends first, so its own items are ready sooner, and the work that
+  waits on the feeding stage alone (the entity embeddings wait on the summaries) leaves the run's tail.
 - ``/result`` (one item's ``llm_results`` row): appended to a journal file and buffered. The
   stage commits the buffer to Delta every ``llm.commit_interval_s``; a stage that starts finds
   an earlier crash's journal and commits what it holds first. A driver crash therefore loses at
@@ -52,6 +55,7 @@ from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
 _LATENCY_SMOOTHING = 0.2
 _REQUEST_TIMEOUT_S = 60.0
+_SHUTDOWN_POLL_S = 0.02
 # Before any call of a model returned: a guess on the high side. Too large a window only queues
 # calls at the budget (which sets the rate); too small a one starves it until the first answer.
 _INITIAL_LATENCY_S = 5.0
@@ -65,6 +69,11 @@ class ModelBudget:
     requests_per_minute: float
     lock: threading.Lock
     latency_s: float | None = None
+    open_stages: list = field(default_factory=list)  # the open ``Coordinator``s calling this model
+
+    def unfed_outstanding(self) -> int:
+        """Items not yet returned of the open stages that are not fed: the calls a fed stage yields to."""
+        return sum(stage.outstanding() for stage in list(self.open_stages) if not stage.fed)
 
     def observe(self, latencies: list[float]) -> None:
         for latency in latencies:
@@ -177,7 +186,10 @@ class DriverEndpoint:
         self._server = ThreadingHTTPServer((host, 0), _handler(token, routes))
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}/{token}"
-        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
+        # A short poll: ``close`` waits for the loop to see it, and a stage's end waits for ``close``
+        # (at the default half second, a quarter second on average at every stage's end).
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": _SHUTDOWN_POLL_S}, name=name,
+                         daemon=True).start()
 
     def close(self) -> None:
         self._server.shutdown()
@@ -228,7 +240,7 @@ class Coordinator:
         # items may also be ``add``ed while it is open (a stage fed by another one); once it is not, it is sealed.
         self._follow = follow
         self._expected = expected
-        self._fed = fed
+        self.fed = fed
         self._sealed = False
         self._following = 0
         self._late: list[dict] = []  # follow-ups no task has taken yet
@@ -243,10 +255,18 @@ class Coordinator:
                   "more": lambda b: self.more(b["partition"], b["attempt"])}
         self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
         self.url = self._endpoint.url
+        with model.lock:
+            model.open_stages.append(self)
 
     def close(self) -> None:
+        with self._model.lock:
+            self._model.open_stages.remove(self)
         self._endpoint.close()
         self._journal.close()
+
+    def outstanding(self) -> int:
+        """Items expected and not returned yet (read without the lock: a scheduling hint)."""
+        return max(0, self._expected - len(self._rows))
 
     # -- what tasks call -------------------------------------------------------------------
     def window(self) -> int:
@@ -254,6 +274,8 @@ class Coordinator:
         model = self._model
         latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
         total = in_flight_target(model.requests_per_minute * model.budget.factor(), latency, self._max_in_flight)
+        if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
+            total = max(1, total - model.unfed_outstanding())
         sharing = max(self._active_tasks, self._tasks - self._finished_tasks)
         return max(1, math.ceil(total / max(1, sharing)))
 
@@ -261,7 +283,7 @@ class Coordinator:
         with self._lock:
             self._active_tasks += 1
             return {"todo": [k for k in keys if k not in self._done], "window": self.window(),
-                    "follow_ups": self._follow is not None or self._fed}
+                    "follow_ups": self._follow is not None or self.fed}
 
     def finish(self) -> dict:
         with self._lock:
