@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import pandas as pd
 import pytest
 
 from graphrag_spark import tables as T
@@ -80,11 +81,13 @@ def test_switching_claims_on_later_pays_only_for_the_claims(spark, make_config):
                           "extraction.method=llm", "extraction.max_gleanings=0")
         store = T.TableStore(spark, cfg.storage)
         units = spark.createDataFrame([(f"u{i}", t) for i, t in enumerate(texts)], "id string, text string")
-        _, _, claims, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        extracted = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        claims, usages = extracted.claims, extracted.usages
         assert [u.stage for u in usages] == ["extract"] and usages[0].calls == 3 and claims.count() == 0
 
         with_claims = cfg.extraction.model_copy(update={"claims": True})
-        entities, _, claims, usages = extract_llm_instances(spark, store, units, with_claims, cfg.llm, new_run_id())
+        extracted = extract_llm_instances(spark, store, units, with_claims, cfg.llm, new_run_id())
+        entities, claims, usages = extracted.entities, extracted.claims, extracted.usages
         extract, claims_usage = usages
         assert (extract.cache_hits, extract.calls) == (3, 0), "entity extraction is not paid again"
         assert (claims_usage.stage, claims_usage.items, claims_usage.calls) == ("extract_claims", 3, 1 * 3)
@@ -256,7 +259,8 @@ def test_llm_results_is_compacted_once_it_has_more_files_than_the_bound(spark, m
 def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, monkeypatch, tmp_path):
     """Small stages find their cache hits and build their outcome on the driver (``DRIVER_STAGE_ITEMS``);
     large ones in Spark joins. Both give the same outcome and counts for new, cached, duplicated and
-    failing items, an item that failed before and succeeds now included."""
+    failing items, an item that failed before and succeeds now included; so do items the driver holds
+    already (a pandas frame, keyed in Python), below and above the bound."""
     from graphrag_spark.llm import stage
 
     def answer_fn(failing: str):
@@ -266,9 +270,11 @@ def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, m
             return LlmWork({"upper": item["payload"].upper()}, [], None)
         return answer
 
-    def run(cfg, payloads, failing: str, driver_items: int):
+    def run(cfg, payloads, failing: str, driver_items: int, held: bool):
         monkeypatch.setattr(stage, "DRIVER_STAGE_ITEMS", driver_items)
-        items = spark.createDataFrame([(f"i{i}", p) for i, p in enumerate(payloads)], "item_id string, payload string")
+        items = pd.DataFrame([(f"i{i}", p) for i, p in enumerate(payloads)], columns=["item_id", "payload"])
+        if not held:
+            items = spark.createDataFrame(items, "item_id string, payload string")
         outcome, usage = run_llm_stage(spark, T.TableStore(spark, cfg.storage), cfg.llm, cfg.llm.chat, "upper", items,
                                        answer_fn(failing), new_run_id(), "v1", {})
         rows = sorted((r.item_id, r.item_key, r.result, r.error) for r in outcome.collect())
@@ -277,12 +283,14 @@ def test_the_driver_side_bookkeeping_equals_the_spark_path(spark, make_config, m
     monkeypatch.setattr(stage, "ensure_api_key", lambda model: None)
     first = ["ash", "birch", "cedar", "ash"]  # a duplicate: one key, both item ids answered
     seen = {}
-    for driver_items, root in ((0, "spark"), (1000, "driver")):
+    for driver_items, root, held in ((0, "spark", False), (1000, "driver", False), (1000, "held", True),
+                                     (0, "held-spark", True)):
         cfg = make_config("llm.chat.api_base=http://127.0.0.1:9", "llm.chat.model=local-model",
                           "llm.max_failed_share=1.0", f"storage.root={tmp_path / root}")
         # Run 2: ash cached, birch failed before and succeeds now, cedar cached, dogwood new and failing.
-        seen[root] = [run(cfg, first, "birch", driver_items), run(cfg, first + ["dogwood"], "dogwood", driver_items)]
-    assert seen["driver"] == seen["spark"]
+        seen[root] = [run(cfg, first, "birch", driver_items, held),
+                      run(cfg, first + ["dogwood"], "dogwood", driver_items, held)]
+    assert seen["driver"] == seen["spark"] == seen["held"] == seen["held-spark"]
     (rows, counts), (rows2, counts2) = seen["driver"]
     assert counts == (3, 0, 1) and counts2 == (4, 2, 1)
     assert [r[2] is None for r in rows] == [False, True, False, False]  # i1 (birch) failed
@@ -449,3 +457,30 @@ def test_no_minute_of_budget_sends_sees_the_limit_and_a_long_stretch_runs_at_it(
     busiest = max(bisect_left(sends, start + 60.0) - i for i, start in enumerate(sends))
     assert busiest <= 0.99 * 600, "a 60 s window at the provider stays below the limit, with room for jitter"
     assert bisect_left(sends, 270.0) - bisect_left(sends, 210.0) >= 0.98 * 600, "a long busy stretch runs at the limit"
+
+
+def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
+    """The reports (fed by the summaries) yield the model's in-flight target to the summaries while those
+    have more items out than the target, take what is left as they return, and all of it once they end."""
+    import threading
+
+    from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
+    from graphrag_spark.llm.throttle import JobBudget, in_flight_target
+
+    model = ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0)
+    target = in_flight_target(120, 1.0, 64)
+    feeding = Coordinator("127.0.0.1", model, 64, tmp_path / "summaries.jsonl", expected=target + 3)
+    fed = Coordinator("127.0.0.1", model, 64, tmp_path / "reports.jsonl", fed=True)
+    alone = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0),
+                        64, tmp_path / "other.jsonl", fed=True)
+    try:
+        assert feeding.window() == target and alone.window() == target
+        assert fed.window() == 1
+        for i in range(5):
+            feeding.result({"item_key": f"k{i}", "item_id": f"i{i}"})
+        assert feeding.outstanding() == target - 2 and fed.window() == 2
+        feeding.close()
+        assert fed.window() == target
+    finally:
+        for coordinator in (fed, alone):
+            coordinator.close()
