@@ -70,7 +70,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         n_chunks = units.count()
         server.reset()
         started = time.perf_counter()
-        _, _, _, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id()).usages
         wall = time.perf_counter() - started
         stats = server.stats()
     calls = stats["served"]["chat"]

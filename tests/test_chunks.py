@@ -45,6 +45,7 @@ def test_text_units_cut_on_the_driver_equal_the_executors(spark):
              *(f"Document {i}: the Lumen Cells factory, shift {i}. " * (i + 1) for i in range(20))]
     documents = spark.createDataFrame([(f"doc-{i}", text) for i, text in enumerate(texts)], "id string, text string")
     cfg = ChunkingConfig(size=60, overlap=10)
-    on_driver, n_units = text_units_on_driver(spark, documents.toPandas(), cfg)
+    on_driver, rows = text_units_on_driver(spark, documents.toPandas(), cfg)
     in_executors = sorted(map(tuple, build_text_units(documents, cfg).collect()))
-    assert sorted(map(tuple, on_driver.collect())) == in_executors and n_units == len(in_executors) > 100
+    assert sorted(map(tuple, on_driver.collect())) == in_executors == sorted(rows.itertuples(index=False, name=None))
+    assert len(in_executors) > 100

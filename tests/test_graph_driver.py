@@ -120,3 +120,29 @@ def test_community_rows_equal_the_spark_communities_table_on_the_sample_index(sp
     # The published table (built on the driver) is these rows.
     assert _rows(store.read(T.COMMUNITIES).toPandas(), ["id", "entity_ids", "relationship_ids", "title"]) == \
         _rows(in_spark, ["id", "entity_ids", "relationship_ids", "title"])
+
+
+def test_graph_inputs_from_the_parsed_rows_equal_a_collect_of_the_instance_tables(spark):
+    """A full build's graph stage aggregates extraction's parsed rows as they are (``extraction.graph_inputs``):
+    the same frames as a collect of the instance tables written from them, claims and odd values included."""
+    import json
+
+    from graphrag_spark.index import extraction
+
+    results = pd.DataFrame({"item_id": ["u1", "u2"], "result": [
+        json.dumps({"entities": [{"name": "SCROOGE", "type": "PERSON", "description": "A miser.\nCold."},
+                                 {"name": "MARLEY", "type": "PERSON", "description": ""}],
+                    "relationships": [{"source": "SCROOGE", "target": "MARLEY", "description": "Partners.",
+                                       "strength": 9}]}),
+        json.dumps({"entities": [{"name": "SCROOGE", "type": "PERSON", "description": "Reformed, émigré-free."}],
+                    "relationships": [{"source": "MARLEY", "target": "SCROOGE", "description": "Haunts him.",
+                                       "strength": 7.5}],
+                    "claims": [{"subject": "SCROOGE", "object": "MARLEY", "description": "owes"}]})]})
+    rows = extraction.instances_from_results(results)
+    entity_rows, relationship_rows = extraction.graph_inputs(rows)
+    entities, relationships = extraction.split_instances(spark.createDataFrame(rows, extraction._INSTANCE_SCHEMA))
+    collected = (T.conform(entities, T.ENTITY_INSTANCES).select(extraction.ENTITY_GRAPH_COLUMNS).toPandas(),
+                 T.conform(relationships, T.RELATIONSHIP_INSTANCES).select(extraction.RELATIONSHIP_GRAPH_COLUMNS).toPandas())
+    pd.testing.assert_frame_equal(entity_rows, collected[0])
+    pd.testing.assert_frame_equal(relationship_rows, collected[1])
+    assert len(entity_rows) == 3 and len(relationship_rows) == 2

@@ -191,7 +191,8 @@ def test_injected_faults_still_extract_every_chunk(spark, llm_config, mini_units
     with start_server(seed=5, error_rate=0.15, rate_429=0.1, timeout_rate=0.05, retry_after_s=0.2) as faulty:
         cfg = llm_config(faulty, "extraction.claims=false")
         store = T.TableStore(spark, cfg.storage)
-        entities, _, _, usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        found = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id())
+        entities, usages = found.entities, found.usages
         extracted = entities.select("text_unit_id").distinct().count()
         injected = faulty.stats()["injected"]
     extract = {u.stage: u for u in usages}["extract"]

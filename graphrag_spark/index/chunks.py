@@ -57,11 +57,11 @@ def chunk_documents(documents: pd.DataFrame, cfg: ChunkingConfig) -> pd.DataFram
 DRIVER_CHUNK_CHARS = 4_000_000
 
 
-def text_units_on_driver(spark: SparkSession, documents: pd.DataFrame, cfg: ChunkingConfig) -> tuple[DataFrame, int]:
+def text_units_on_driver(spark: SparkSession, documents: pd.DataFrame, cfg: ChunkingConfig) -> tuple[DataFrame, pd.DataFrame]:
     """``build_text_units``'s rows of the (id, text) ``documents`` cut on the driver (a small input: see
-    ``DRIVER_CHUNK_CHARS``), and how many."""
+    ``DRIVER_CHUNK_CHARS``): as a DataFrame, and as the pandas frame it was made of."""
     units = chunk_documents(documents, cfg)
-    return spark.createDataFrame(units, TEXT_UNIT_SCHEMA), len(units)
+    return spark.createDataFrame(units, TEXT_UNIT_SCHEMA), units
 
 
 def build_text_units(documents: DataFrame, cfg: ChunkingConfig) -> DataFrame:

@@ -8,6 +8,7 @@ method ran. ``nlp`` is the offline default; ``llm`` is the paper's prompts (see 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import reduce
 from typing import Iterator
 
@@ -91,18 +92,46 @@ def instances_from_results(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_INSTANCE_COLUMNS, dtype=object)
 
 
+# The instance columns the graph stage aggregates, per kind.
+ENTITY_GRAPH_COLUMNS = ["name", "type", "text_unit_id", "description"]
+RELATIONSHIP_GRAPH_COLUMNS = ["source", "target", "text_unit_id", "description", "strength"]
+
+
+def graph_inputs(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pure: the entity and relationship instances among ``instances_from_results``' rows, in the graph stage's
+    columns and in the dtypes a collect of the instance tables gives (``strength`` a float)."""
+    def of(kind: str, columns: list[str]) -> pd.DataFrame:
+        return rows.loc[rows["kind"] == kind, columns].reset_index(drop=True)
+
+    return of("entity", ENTITY_GRAPH_COLUMNS), of("relationship", RELATIONSHIP_GRAPH_COLUMNS).astype({"strength": "float64"})
+
+
 _REJECT_REASONS = ("extraction records rejected (malformed)", "claim records rejected (malformed)")
+
+
+@dataclass(frozen=True)
+class LlmInstances:
+    """What LLM extraction found: entity and relationship instances (``T.ENTITY_INSTANCES``' and
+    ``T.RELATIONSHIP_INSTANCES``' columns), claims (``T.CLAIMS``'), the stages' usage, and, where the
+    answers were parsed on the driver (a small stage), every instance row as ``instances_from_results``
+    gave it (so a caller counts and reads them without a Spark job), else None."""
+    entities: DataFrame
+    relationships: DataFrame
+    claims: DataFrame
+    usages: list[StageUsage]
+    rows: pd.DataFrame | None = None
 
 
 def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: DataFrame, cfg: ExtractionConfig,
                           llm: LlmConfig, run_id: str,
-                          dropped: dict | None = None) -> tuple[DataFrame, DataFrame, DataFrame, list[StageUsage]]:
+                          dropped: dict | None = None, unit_rows: pd.DataFrame | None = None) -> LlmInstances:
     """The paper's extraction (with gleanings) for every text unit not already extracted, then, if
     enabled, the claims pass as a stage of its own over the extracted chunks: each is cached
     separately, so switching claims on (or changing the claim description) never pays for
     entity extraction again. ``dropped`` (the run summary's counts) gets what was not kept: chunks
     whose extraction failed after retries (retried by the next run) and model records that could
-    not be parsed."""
+    not be parsed. ``unit_rows``: ``text_units``' rows where the driver holds them already (no Spark job
+    keys the items)."""
     prompts = ExtractionPrompts.load()
 
     async def extract(client, item: dict) -> LlmWork:
@@ -110,7 +139,8 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
         return LlmWork({"entities": chunk.entities, "relationships": chunk.relationships, "rejected": chunk.rejected},
                        chunk.calls, chunk.error)
 
-    items = text_units.select(F.col("id").alias("item_id"), F.col("text").alias("payload"))
+    items = (text_units.select(F.col("id").alias("item_id"), F.col("text").alias("payload")) if unit_rows is None
+             else unit_rows[["id", "text"]].set_axis(["item_id", "payload"], axis=1))
     outcome, usage = run_llm_stage(spark, store, llm, llm.chat, EXTRACTION_STAGE, items, extract, run_id,
                                    prompts.version, extraction_params(cfg, llm.chat))
     results, usages = outcome.where(F.col("result").isNotNull()).select("item_id", "result"), [usage]
@@ -132,8 +162,10 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
         if dropped is not None:
             rejected = collected["result"].map(lambda result: int(json.loads(result).get("rejected") or 0))
             dropped.update({reason: int(n) for reason, n in rejected.groupby(collected["reason"]).sum().items()})
-        instances = spark.createDataFrame(instances_from_results(collected), _INSTANCE_SCHEMA)
+        rows = instances_from_results(collected)
+        instances = spark.createDataFrame(rows, _INSTANCE_SCHEMA)
     else:
+        rows = None
         # Materialised once: the drop counts and the three instance tables written from it would each
         # derive it again (a scan of llm_results, a join with the items).
         results = store.checkpoint(reduce(DataFrame.unionByName, labelled), "extraction_results")
@@ -155,7 +187,7 @@ def extract_llm_instances(spark: SparkSession, store: T.TableStore, text_units: 
                       F.col("c")["type"].alias("type"), F.col("c")["status"].alias("status"),
                       F.col("c")["start_date"].alias("start_date"), F.col("c")["end_date"].alias("end_date"),
                       F.col("c")["description"].alias("description"), F.col("c")["source_text"].alias("source_text")))
-    return entities, relationships, claims, usages
+    return LlmInstances(entities, relationships, claims, usages, rows)
 
 
 def _extract_claims(spark: SparkSession, store: T.TableStore, text_units: DataFrame, extracted: DataFrame,

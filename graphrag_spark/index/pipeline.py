@@ -108,6 +108,9 @@ class Run:
     documents_written: bool = True  # False: the input was the published documents again, nothing written
     document_chars: int | None = None  # the characters of every document read, where the read counted them
     document_rows: pd.DataFrame | None = None  # the documents' (id, text) where the read was on the driver
+    # Until the graph stage, a full build's text units and extracted instances where the driver holds them.
+    unit_rows: pd.DataFrame | None = None
+    instance_rows: pd.DataFrame | None = None  # as ``extraction.instances_from_results`` gives them
     # A full build's entity and relationship rows as the graph stage wrote them on the driver (small graphs),
     # so the communities do not read them back.
     graph_rows: tuple | None = None
@@ -278,8 +281,8 @@ def text_units_stage(run: Run) -> None:
         # A small full build: cut and counted on the driver, no Spark job before extraction's own (none
         # at all where the documents were read on the driver too).
         rows = documents.select("id", "text").toPandas() if run.document_rows is None else run.document_rows
-        units, n_units = text_units_on_driver(run.spark, rows, run.cfg.chunking)
-        run.document_rows = None
+        units, run.unit_rows = text_units_on_driver(run.spark, rows, run.cfg.chunking)
+        n_units, run.document_rows = len(run.unit_rows), None
         run.write_behind(units, T.TEXT_UNITS, counted=False)
     else:
         todo = documents if run.diff is None else documents.join(run.diff.added, "id", "left_semi")
@@ -296,9 +299,12 @@ def extraction_stage(run: Run) -> None:
     new_ids = run.changed[T.TEXT_UNITS]
     todo = units if new_ids is None else units.join(new_ids, "id", "left_semi")
     if run.llm:
-        entity_instances, relationship_instances, claims, usages = extraction.extract_llm_instances(
-            spark, store, todo, cfg.extraction, cfg.llm, run.run_id, run.summary.counts)
-        run.summary.usage += usages
+        extracted = extraction.extract_llm_instances(spark, store, todo, cfg.extraction, cfg.llm, run.run_id,
+                                                     run.summary.counts, unit_rows=run.unit_rows if new_ids is None else None)
+        entity_instances, relationship_instances, claims = extracted.entities, extracted.relationships, extracted.claims
+        run.summary.usage += extracted.usages
+        # A full build's instances parsed on the driver: counted there, and aggregated by the graph stage as they are.
+        run.instance_rows = extracted.rows if run.previous is None else None
         nlp_instances = None
     else:
         # Persisted: both tables come from one extraction pass, not one pass per table written.
@@ -320,8 +326,12 @@ def extraction_stage(run: Run) -> None:
     entity_instances = _union(kept[T.ENTITY_INSTANCES], entity_instances)
     relationship_instances = _union(kept[T.RELATIONSHIP_INSTANCES], relationship_instances)
     if run.previous is None:
-        n_entity_instances = run.write_behind(entity_instances, T.ENTITY_INSTANCES)
-        n_relationship_instances = run.write_behind(relationship_instances, T.RELATIONSHIP_INSTANCES)
+        rows = run.instance_rows
+        n_entity_instances = run.write_behind(entity_instances, T.ENTITY_INSTANCES, counted=rows is None)
+        n_relationship_instances = run.write_behind(relationship_instances, T.RELATIONSHIP_INSTANCES, counted=rows is None)
+        if rows is not None:
+            n_entity_instances, n_relationship_instances = (int((rows["kind"] == kind).sum())
+                                                            for kind in ("entity", "relationship"))
         if not (run.llm and cfg.extraction.claims):  # no claims: on a new root one metadata commit, no Spark job
             store.in_background(T.CLAIMS, lambda: store.write(all_claims(), T.CLAIMS, counted=False)
                                 if store.exists(T.CLAIMS) else store.create_empty(T.CLAIMS))
@@ -356,6 +366,7 @@ def graph_stage(run: Run) -> None:
     instances = run.summary.counts.get("entity instances", 0) + run.summary.counts.get("relationship instances", 0)
     on_driver = instances <= cfg.graph.driver_max_instances
     built = (_driver_graph if on_driver else _spark_graph)(run, min_mentions)
+    run.unit_rows = run.instance_rows = None
     entities, relationships = built.entities, built.relationships
 
     def write(name: str, frame: DataFrame) -> int:
@@ -439,10 +450,15 @@ def _spark_graph(run: Run, min_mentions: int) -> BuiltGraph:
 def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
     """``graph.driver_graph`` over the collected instances (a small corpus): one collect per table."""
     spark, store, cfg = run.spark, run.store, run.cfg
-    built = graph.driver_graph(
-        run.table(T.ENTITY_INSTANCES).select("name", "type", "text_unit_id", "description").toPandas(),
-        run.table(T.RELATIONSHIP_INSTANCES).select("source", "target", "text_unit_id", "description", "strength").toPandas(),
-        cfg.graph, min_mentions, run.table(T.TEXT_UNITS).select("id", "document_id", "chunk_index").toPandas())
+    if run.instance_rows is not None:
+        entity_rows, relationship_rows = extraction.graph_inputs(run.instance_rows)
+    else:
+        entity_rows = run.table(T.ENTITY_INSTANCES).select(extraction.ENTITY_GRAPH_COLUMNS).toPandas()
+        relationship_rows = run.table(T.RELATIONSHIP_INSTANCES).select(extraction.RELATIONSHIP_GRAPH_COLUMNS).toPandas()
+    unit_columns = ["id", "document_id", "chunk_index"]
+    built = graph.driver_graph(entity_rows, relationship_rows, cfg.graph, min_mentions,
+                               run.table(T.TEXT_UNITS).select(unit_columns).toPandas() if run.unit_rows is None
+                               else run.unit_rows[unit_columns])
     descriptions = StructField("descriptions", ArrayType(StringType()))
 
     def frame(rows, name: str) -> DataFrame:
@@ -582,13 +598,11 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
         checked = None if full else _check_input(spark, cfg, store, run_id, ahead)
         if checked is not None and checked.diff is not None:
             return checked.summary
-        # Full builds only: a refresh's input read has started a worker already, and a rerun that ends
-        # at that read needs none. Once the lock is held: beside the lock's commit (the JVM's first, on
-        # the critical path) the warm-up's CPU made it 1-2 s slower on 2 cores, and a build refused the
-        # lock needs no workers; the first stage that needs them comes seconds later.
+        # The run goes on (a rerun that ends at its input read needs no worker): workers start beside the
+        # lock's commit. It is the JVM's first Delta write and ~0.5 s slower beside them on 2 cores, but
+        # extraction's first call, which waits on a worker, comes ~1.5 s sooner (A Christmas Carol, 120 RPM).
+        warming = warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
         with runs.IndexLock(store, run_id, cfg.refresh):
-            warming = (warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
-                       if checked is None else None)
             return _locked_run(spark, cfg, store, run_id, full, checked, ahead)
     finally:
         # A run that ends early (the root locked, say) leaves none of its Spark jobs running behind it.

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
@@ -108,6 +108,11 @@ def new_run_id() -> str:
 
 def _key_prefix(stage: str, model: str, prompt_version: str, params: dict) -> str:
     return "\x1f".join([stage, model, prompt_version, json.dumps(params, sort_keys=True)])
+
+
+# A keyed item's columns: what the tasks of a stage are given.
+_KEYED_COLUMNS = ("item_id", "payload", "item_key")
+_KEYED_SCHEMA = "item_id string, payload string, item_key string"
 
 
 def with_item_keys(items: DataFrame, stage: str, model: str, prompt_version: str, params: dict) -> DataFrame:
@@ -562,12 +567,13 @@ def _compact(spark: SparkSession, store: T.TableStore, max_files: int) -> None:
 
 
 def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, stage: str,
-                  items: DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
+                  items: DataFrame | pd.DataFrame, work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]], run_id: str,
                   prompt_version: str, params: dict,
                   follow_up: Callable[[str, str | None, str | None], list[tuple[str, str]]] | None = None,
                   feed: Feed | None = None, feed_items: Callable[[list], list[tuple[str, str]]] | None = None,
                   ) -> tuple[DataFrame, StageUsage]:
     """Call the LLM for every item not already done; returns (item_id, item_key, result, error) for all items.
+    ``items`` (item_id, payload): a DataFrame, or a pandas frame the driver holds already (keyed there, no job).
 
     ``follow_up(item_id, result, error)``, called on the driver with each item's answer (cache hits first,
     then each as it returns), gives the items of this stage (item_id, payload) that this answer makes
@@ -580,13 +586,21 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     makes of the feed's events (under the follow-ups' lock, keyed and cached like them), as they come, and
     ends once the feed is closed and every item has returned."""
     started = time.perf_counter()
-    keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
+    if isinstance(items, pd.DataFrame) and len(items) > DRIVER_STAGE_ITEMS:
+        items = spark.createDataFrame(items[["item_id", "payload"]], "item_id string, payload string")
+    if isinstance(items, pd.DataFrame):
+        few = [Row(item_id=item_id, payload=payload,
+                   item_key=item_key(stage, model.model, prompt_version, params, payload))
+               for item_id, payload in zip(items["item_id"], items["payload"])]
+        keyed = None
+    else:
+        keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     journal = stage_journal(store, stage)
     if recover_journal(spark, store, journal, T.LLM_RESULTS, lambda rows: rows_frame(rows, RESULT_COLUMNS),
                        ["item_key", "run_id"]) and store.fresh_results is not None:
         store.fresh_results.turn_off()
-    # One task reads until it has one item more than the bound: one job, however many partitions.
-    few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
+    if keyed is not None:  # one task reads until it has one item more than the bound: one job, however many partitions
+        few = keyed.coalesce(1).limit(DRIVER_STAGE_ITEMS + 1).collect()
     on_driver = len(few) <= DRIVER_STAGE_ITEMS
     if feed is not None and (not on_driver or is_connect(spark)):
         raise ValueError(f"LLM stage '{stage}': a fed stage runs on the driver with a coordinator "
@@ -595,7 +609,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     if on_driver:
         # The cache lookup and the outcome in Python: one read of the stage's rows of these keys, no
         # shuffles, and this run's rows kept as they are committed rather than read back.
-        keyed.unpersist()
+        if keyed is not None:
+            keyed.unpersist()
         answers = _answers(store, stage, {row["item_key"] for row in few})
         unique = {row["item_key"]: row for row in few}
         cached = {key for key, (_, error) in answers.items() if error is None}
@@ -612,7 +627,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 events, closed = feed.take(wait=False)
                 ready += follow.fed(feed_items, events)
                 feed = None if closed else feed
-            pending_rows = [tuple(record[name] for name in keyed.columns) for record in ready] + pending_rows
+            pending_rows = [tuple(record[name] for name in _KEYED_COLUMNS) for record in ready] + pending_rows
         n_items, n_pending = len(unique), len(pending_rows)
         pending = None
         returned: list[dict] | None = []
@@ -645,7 +660,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             by_size = math.ceil(n_pending / _ITEMS_PER_TASK)
             n_tasks = max(1, min(n_pending, max(slots, by_size)))
             if pending_rows is not None:  # the waves split the items themselves
-                pending = spark.createDataFrame(pending_rows, keyed.schema)
+                pending = spark.createDataFrame(pending_rows, _KEYED_SCHEMA)
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter, returned)
         else:
@@ -655,7 +670,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 n_tasks = max(1, min(n_items, max(slots - 1, math.ceil(n_items / _ITEMS_PER_TASK))))
                 # The driver's rows are sliced into the tasks as they are sent: no shuffle, a job of its own.
                 frame = (pending.repartition(n_tasks) if rows is None else spark.createDataFrame(
-                    spark.sparkContext.parallelize([tuple(row) for row in rows], n_tasks), keyed.schema))
+                    spark.sparkContext.parallelize([tuple(row) for row in rows], n_tasks), _KEYED_SCHEMA))
                 return _run_coordinated(spark, store, llm, model, frame, n_tasks, safe_fn, row_of, meter, journal,
                                         returned, follow, n_items, fed)
 
@@ -668,7 +683,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                     if rows:
                         call(rows, len(rows), fed)
                     records = fed.next_job()
-                    rows = None if records is None else [tuple(r[name] for name in keyed.columns) for r in records]
+                    rows = None if records is None else [tuple(r[name] for name in _KEYED_COLUMNS) for r in records]
                 if fed.failure is not None:
                     raise fed.failure
                 figures = usage_of(returned)
