@@ -190,6 +190,10 @@ _NOT_A_DELTA_TABLE = {"PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_MISSING_
                       "DELTA_PATH_DOES_NOT_EXIST"}
 
 
+# What the second of two writers that both created a table gets (Delta's commit, or the catalog's).
+_CREATED_CONCURRENTLY = ("DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED", "TABLE_OR_VIEW_ALREADY_EXISTS")
+
+
 def _identifier(part: str) -> str:
     """``part`` as a SQL identifier: as is when plain, else in backticks."""
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
@@ -396,13 +400,20 @@ class TableStore:
                   .option("overwriteSchema", "true" if mode == "overwrite" else "false"))
         if mode == "append":  # a table written by an older version gains the columns added since
             writer = writer.option("mergeSchema", "true")
-        if self.storage.database:
+        if self.storage.database and not self.spark.catalog.databaseExists(self.namespace()):
             # An existing schema is used as is: creating one needs a catalog privilege users often lack.
-            if not self.spark.catalog.databaseExists(self.namespace()):
-                self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {self.namespace()}")
-            writer.saveAsTable(self.location(name))
-        else:
-            writer.save(self.location(name))
+            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {self.namespace()}")
+        save = (lambda: writer.saveAsTable(self.location(name))) if self.storage.database else (
+            lambda: writer.save(self.location(name)))
+        try:
+            save()
+        except Exception as exc:  # noqa: BLE001
+            # Two appends to a table neither found (two stages' first rows of the embedding cache, say): both
+            # create it, and the second commit is rejected. Nothing of it was committed: its rows are appended
+            # to the table it finds now.
+            if mode != "append" or not any(condition in str(exc) for condition in _CREATED_CONCURRENTLY):
+                raise
+            save()
         return self.rows_written(name, df) if counted else None
 
     def create_empty(self, name: str) -> None:

@@ -1,6 +1,7 @@
 """TableStore's own materialisations: checkpoint, the localCheckpoint replacement that survives a lost executor
 (rows in Delta, in the index's scratch area), and drop_scratch, which removes them after a successful run;
-update_columns; and writes in the background, which whatever touches their table waits for."""
+update_columns; writes in the background, which whatever touches their table waits for; and appends that
+create a table at once."""
 
 from __future__ import annotations
 
@@ -119,3 +120,26 @@ def test_a_failed_background_write_stops_the_run_publishes_nothing_and_frees_the
     assert runs.published_run(store) is None
     assert [r.status for r in store.read(T.INDEX_RUNS).collect() if r.status != runs.RUNNING] == [runs.FAILED]
     assert runs.IndexLock(store, "probe", cfg.refresh).holder() is None, "the lock is released"
+
+
+def test_two_appends_that_both_create_a_table_both_land(spark, tmp_path):
+    """Two stages' first rows of a shared table (the embedding cache): both writers create it, Delta rejects the
+    second commit (reproduced on every try here without the retry), and its rows are appended to the table."""
+    store = T.TableStore(spark, StorageConfig(root=str(tmp_path / "index")))
+    for trial in range(2):
+        name, barrier, errors = f"shared_{trial}", threading.Barrier(2), []
+
+        def append(n: int) -> None:
+            rows = spark.createDataFrame([(n, "x")], "n long, s string")
+            barrier.wait()
+            try:
+                store.write(rows, name, mode="append", counted=False)
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=append, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors and sorted(r.n for r in store.read(name).collect()) == [0, 1]
