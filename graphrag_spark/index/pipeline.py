@@ -599,7 +599,7 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
         if checked is not None and checked.diff is not None:
             return checked.summary
         # The run goes on (a rerun that ends at its input read needs no worker): workers start beside the
-        # lock's commit. It is the JVM's first Delta write and ~0.5 s slower beside them on 2 cores, but
+        # lock's commit. It is the JVM's first Delta write and ~0.7 s slower beside them on 2 cores, but
         # extraction's first call, which waits on a worker, comes ~1.5 s sooner (A Christmas Carol, 120 RPM).
         warming = warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
         with runs.IndexLock(store, run_id, cfg.refresh):
