@@ -462,8 +462,6 @@ def test_no_minute_of_budget_sends_sees_the_limit_and_a_long_stretch_runs_at_it(
 def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
     """The reports (fed by the summaries) yield the model's in-flight target to the summaries while those
     have more items out than the target, take what is left as they return, and all of it once they end."""
-    import threading
-
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
