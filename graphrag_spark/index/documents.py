@@ -24,6 +24,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from graphrag_spark import tables as T
 from graphrag_spark.compat import analysis_condition, is_connect
 from graphrag_spark.config import InputConfig
 from graphrag_spark.errors import UserError
@@ -39,9 +40,6 @@ _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 # Spark lists, where a Spark job (and a Python worker's start) took about 5 s of a small index's critical
 # path on 2 cores, before its first LLM call. The rows are the Spark read's, to the spelling of a source.
 DRIVER_READ_BYTES = 8 << 20
-_DOCUMENT_SCHEMA = ("id string, title string, text string, source string, duplicate_sources array<string>, "
-                    "metadata map<string,string>, n_chars long")
-_REJECT_SCHEMA = "source string, reason string, n_bytes long"
 
 
 @dataclass(frozen=True)
@@ -324,8 +322,8 @@ def _read_on_driver(spark: SparkSession, local: dict[str, tuple[str, int]], opts
                           len(first["text"])))
     counts = {"documents": len(documents), "duplicates": len(read) - len(documents), "rejected": len(rejects),
               "chars": sum(len(row["text"]) for row in read)}
-    return InputRead(spark.createDataFrame(documents, _DOCUMENT_SCHEMA), spark.createDataFrame(rejects, _REJECT_SCHEMA),
-                     counts, pd.DataFrame([(d[0], d[2]) for d in documents], columns=["id", "text"]))
+    return InputRead(spark.createDataFrame(documents, T.SCHEMAS[T.DOCUMENTS]),
+                     spark.createDataFrame(rejects, T.SCHEMAS[T.INPUT_REJECTS]), counts, pd.DataFrame([(d[0], d[2]) for d in documents], columns=["id", "text"]))
 
 
 def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
@@ -357,7 +355,7 @@ def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
         scanned = {row.file for row in parsed.select("file").distinct().collect()}
         empty = sorted(path for path in map(_scan_spelling, listed) if path not in scanned)
         rejects = rejects.unionByName(parsed.sparkSession.createDataFrame(
-            [(path, "empty file", 0) for path in empty], _REJECT_SCHEMA))
+            [(path, "empty file", 0) for path in empty], T.SCHEMAS[T.INPUT_REJECTS]))
         counts["rejected"] += len(empty)
     return InputRead(documents, rejects, counts)
 

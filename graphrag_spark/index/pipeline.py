@@ -448,7 +448,7 @@ def _spark_graph(run: Run, min_mentions: int) -> BuiltGraph:
 
 
 def _driver_graph(run: Run, min_mentions: int) -> BuiltGraph:
-    """``graph.driver_graph`` over the collected instances (a small corpus): one collect per table."""
+    """``graph.driver_graph`` over the instances (a small corpus): the rows the run holds, else one collect per table."""
     spark, store, cfg = run.spark, run.store, run.cfg
     if run.instance_rows is not None:
         entity_rows, relationship_rows = extraction.graph_inputs(run.instance_rows)

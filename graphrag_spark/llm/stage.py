@@ -586,14 +586,14 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     makes of the feed's events (under the follow-ups' lock, keyed and cached like them), as they come, and
     ends once the feed is closed and every item has returned."""
     started = time.perf_counter()
-    if isinstance(items, pd.DataFrame) and len(items) > DRIVER_STAGE_ITEMS:
-        items = spark.createDataFrame(items[["item_id", "payload"]], "item_id string, payload string")
-    if isinstance(items, pd.DataFrame):
+    if isinstance(items, pd.DataFrame) and len(items) <= DRIVER_STAGE_ITEMS:
         few = [Row(item_id=item_id, payload=payload,
                    item_key=item_key(stage, model.model, prompt_version, params, payload))
                for item_id, payload in zip(items["item_id"], items["payload"])]
         keyed = None
     else:
+        if isinstance(items, pd.DataFrame):  # more than the driver keeps: keyed and counted in Spark
+            items = spark.createDataFrame(items[["item_id", "payload"]], "item_id string, payload string")
         keyed = with_item_keys(items.select("item_id", "payload"), stage, model.model, prompt_version, params).persist()
     journal = stage_journal(store, stage)
     if recover_journal(spark, store, journal, T.LLM_RESULTS, lambda rows: rows_frame(rows, RESULT_COLUMNS),
