@@ -40,6 +40,17 @@ def default_parallelism(spark: SparkSession) -> int:
     return CONNECT_FALLBACK_PARALLELISM
 
 
+def parse_schema(spark: SparkSession, ddl: str):
+    """A DDL schema string parsed as ``createDataFrame`` parses it: by the session itself on pyspark 4 (classic or
+    Connect; pyspark 4's module-level parser would pick Connect for the whole process once any Connect session
+    was made), by the active context's JVM on pyspark 3.5."""
+    if hasattr(spark, "_parse_ddl"):
+        return spark._parse_ddl(ddl)
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(ddl)
+
+
 def analysis_condition(exc: BaseException) -> str | None:
     """The error condition (e.g. ``PATH_NOT_FOUND``) of a Spark analysis error, classic or Connect; None otherwise."""
     from pyspark.errors import AnalysisException

@@ -156,8 +156,7 @@ def tune_prompts(spark: SparkSession, cfg: Config) -> TunedPrompts:
         return work
 
     def run(stage: str, items: list[tuple[str, dict]], work, version: str) -> dict[str, str]:
-        frame = spark.createDataFrame([(i, json.dumps(p, sort_keys=True)) for i, p in items],
-                                      "item_id string, payload string")
+        frame = T.local_frame(spark, [(i, json.dumps(p, sort_keys=True)) for i, p in items], "item_id string, payload string")
         outcome, stage_usage = run_llm_stage(spark, store, cfg.llm, chat, stage, frame, work, run_id, version, params)
         usage.append(stage_usage)
         return _answers(outcome, stage)

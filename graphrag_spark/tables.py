@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable
+from datetime import timezone
+from typing import Callable, Iterable
 
-from pyspark.sql import DataFrame, SparkSession
+import pandas as pd
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -28,7 +30,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from graphrag_spark.compat import analysis_condition, inheriting, is_connect
+from graphrag_spark.compat import analysis_condition, inheriting, is_connect, parse_schema
 from graphrag_spark.config import StorageConfig
 
 
@@ -39,6 +41,26 @@ def _schema(*fields: tuple[str, object]) -> StructType:
 STR, INT, LONG, DBL = StringType(), IntegerType(), LongType(), DoubleType()
 STRS = ArrayType(StringType())
 INTS = ArrayType(IntegerType())
+
+
+def local_frame(spark: SparkSession, rows: Iterable, schema: StructType | str) -> DataFrame:
+    """Rows the driver holds (tuples in ``schema``'s column order, Rows or dicts) as a DataFrame, by Arrow;
+    ``schema`` a StructType or a DDL string.
+
+    ``createDataFrame`` of a Python list (an empty one too) pickles the rows through a Python job, and on
+    a local master that job's worker comes from a Python worker daemon of its own, not the UDFs' one:
+    about a second of CPU to start it as the index starts, and a Python task for every such frame after.
+    A naive timestamp means local time, as it does to ``createDataFrame``."""
+    schema = schema if isinstance(schema, StructType) else parse_schema(spark, schema)
+    names = schema.fieldNames()
+    frame = pd.DataFrame([[row.get(name) for name in names] if isinstance(row, dict) else
+                          [row[name] for name in names] if isinstance(row, Row) and hasattr(row, "__fields__") else
+                          list(row) for row in rows], columns=names, dtype=object)
+    for field in schema.fields:
+        if isinstance(field.dataType, TimestampType):
+            frame[field.name] = pd.to_datetime([None if value is None else value.astimezone(timezone.utc)
+                                                for value in frame[field.name]], utc=True)
+    return spark.createDataFrame(frame, schema)
 
 DOCUMENTS = "documents"
 INPUT_REJECTS = "input_rejects"
@@ -325,7 +347,7 @@ class TableStore:
         self._settled(name)
         if self._pinned(name):
             if name not in self.versions:
-                return self.spark.createDataFrame([], SCHEMAS[name])
+                return local_frame(self.spark, [], SCHEMAS[name])
             return self.spark.sql(f"SELECT * FROM {self.sql_name(name)} VERSION AS OF {int(self.versions[name])}")
         if self.storage.database:
             return self.spark.table(self.location(name))
@@ -342,7 +364,7 @@ class TableStore:
         items, say). Up to ``LOCAL_CHECKPOINT_ROWS`` the rows are kept in the driver instead (one collect,
         no table): the same cut lineage, and a lost executor loses nothing either."""
         if expected_rows is not None and expected_rows <= LOCAL_CHECKPOINT_ROWS:
-            return self.spark.createDataFrame(df.collect(), df.schema)
+            return local_frame(self.spark, df.collect(), df.schema)
         table = f"{SCRATCH}_{name}" if self.storage.database else f"{SCRATCH}/{name}"
         self.write(df, table, counted=False)
         self._scratch.add(table)
@@ -387,7 +409,7 @@ class TableStore:
             fs.delete(path, True)
 
     def read_or_empty(self, name: str) -> DataFrame:
-        return self.read(name) if self.exists(name) else self.spark.createDataFrame([], SCHEMAS[name])
+        return self.read(name) if self.exists(name) else local_frame(self.spark, [], SCHEMAS[name])
 
     def write(self, df: DataFrame, name: str, mode: str = "overwrite", counted: bool = True) -> int | None:
         """Write with the declared schema (column order and types enforced here, once); returns the

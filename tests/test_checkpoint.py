@@ -1,14 +1,17 @@
 """TableStore's own materialisations: checkpoint, the localCheckpoint replacement that survives a lost executor
 (rows in Delta, in the index's scratch area), and drop_scratch, which removes them after a successful run;
-update_columns; writes in the background, which whatever touches their table waits for; and appends that
-create a table at once."""
+update_columns; writes in the background, which whatever touches their table waits for; appends that
+create a table at once; and local_frame, the driver's rows as a frame with no Python job."""
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
+from pyspark.sql import Row
+from pyspark.sql.types import ArrayType, MapType, StructType, TimestampType
 
 from graphrag_spark import tables as T
 from graphrag_spark.config import StorageConfig
@@ -143,3 +146,39 @@ def test_two_appends_that_both_create_a_table_both_land(spark, tmp_path):
         for thread in threads:
             thread.join()
         assert not errors and sorted(r.n for r in store.read(name).collect()) == [0, 1]
+
+
+def _sample(dtype):
+    """A value of every kind a table holds, with what trips conversions: quotes, escapes, non-ASCII, nulls."""
+    if isinstance(dtype, ArrayType):
+        return [_sample(dtype.elementType), None]
+    if isinstance(dtype, MapType):
+        return {_sample(dtype.keyType): _sample(dtype.valueType)}
+    if isinstance(dtype, StructType):
+        return {field.name: _sample(field.dataType) for field in dtype.fields}
+    if isinstance(dtype, TimestampType):
+        return datetime(2026, 12, 5, 3, 4, 5, 123456, tzinfo=timezone.utc)
+    return {"string": "é 'q' \"d\" \\ \n", "integer": 7, "long": 2**40 + 1, "double": 1.25, "float": 0.5,
+            "boolean": True}[dtype.typeName()]
+
+
+def test_local_frame_gives_create_data_frames_rows_with_no_python_job(spark):
+    """Every table's schema, from tuples, dicts and Rows, with every value and with nulls: the same rows as
+    ``createDataFrame`` of the list, converted by Arrow alone (no fallback), into a local relation (the list's
+    frame is a Python RDD, whose job needs a Python worker)."""
+    stamps = T._schema(("naive", TimestampType()), ("aware", TimestampType()))
+    spark.conf.set("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
+    try:
+        shapes = {schema.simpleString(): (name, schema) for name, schema in [*T.SCHEMAS.items(), ("timestamps", stamps)]}
+        for name, schema in shapes.values():
+            full = tuple(_sample(field.dataType) for field in schema.fields)
+            if name == "timestamps":
+                full = (datetime(2026, 6, 1, 12, 30), datetime(2026, 1, 1, 23, 59, tzinfo=timezone.utc))
+            rows = [full, (None,) * len(full), dict(zip(schema.fieldNames(), full)), Row(**dict(zip(schema.fieldNames(), full)))]
+            frame = T.local_frame(spark, rows, schema)
+            assert frame._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LocalRelation", name
+            expected = spark.createDataFrame([full, rows[1], full, full], schema).collect()
+            assert frame.schema == schema and frame.collect() == expected, name
+        assert T.local_frame(spark, [], stamps).collect() == []
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.pyspark.fallback.enabled")

@@ -171,7 +171,7 @@ class Evaluation:
             return LlmWork({"description": description,
                             "rows": [[p, t, q] for (p, t), qs in zip(persona_tasks, questions) for q in qs]}, calls)
 
-        items = self.spark.createDataFrame([("generation", json.dumps(payload, sort_keys=True))], "item_id string, payload string")
+        items = T.local_frame(self.spark, [("generation", json.dumps(payload, sort_keys=True))], "item_id string, payload string")
         version = "+".join(p.version for p in prompts.values())
         done = self._stage("eval_generation", items, work, version, {"max_tokens": max_tokens})
         result, error = done["generation"]
@@ -229,14 +229,14 @@ class Evaluation:
     def judge(self, questions: pd.DataFrame) -> pd.DataFrame:
         """Every pair x question x criterion x order x repeat, as one cached LLM stage on executors."""
         ev = self.ev
-        skeleton = self.spark.createDataFrame(
-            [(q, a, b, c, o, r) for (a, b) in self.pairs for q in questions["id"] for c in ev.criteria
+        skeleton = T.local_frame(
+            self.spark, [(q, a, b, c, o, r) for (a, b) in self.pairs for q in questions["id"] for c in ev.criteria
              for o in ORDERS for r in range(ev.repeats)],
             "question_id string, condition_a string, condition_b string, criterion string, order string, repeat int")
         answers = self.store.read(T.EVAL_ANSWERS).select("question_id", "condition", "question", "answer")
         a = answers.select("question_id", F.col("condition").alias("condition_a"), "question", F.col("answer").alias("answer_a"))
         b = answers.select("question_id", F.col("condition").alias("condition_b"), F.col("answer").alias("answer_b"))
-        measures = self.spark.createDataFrame(list(CRITERIA.items()), "criterion string, criterion_description string")
+        measures = T.local_frame(self.spark, CRITERIA.items(), "criterion string, criterion_description string")
         first = F.col("order") == "ab"
         items = (skeleton.join(a, ["question_id", "condition_a"]).join(b, ["question_id", "condition_b"])
                  .join(F.broadcast(measures), "criterion")
@@ -272,7 +272,7 @@ class Evaluation:
     def extract_claims(self, questions: pd.DataFrame) -> pd.DataFrame:
         """Select, then decompose, per answer (two calls, one cached item); dedupe; cluster at each threshold."""
         ev = self.ev
-        wanted = self.spark.createDataFrame([(q,) for q in questions["id"]], "question_id string")
+        wanted = T.local_frame(self.spark, [(q,) for q in questions["id"]], "question_id string")
         items = (self.store.read(T.EVAL_ANSWERS).join(wanted, "question_id")
                  .where(F.col("condition").isin(list(self.methods)))
                  .select(F.concat_ws("|", "question_id", "condition").alias("item_id"),

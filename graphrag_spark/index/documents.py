@@ -322,8 +322,8 @@ def _read_on_driver(spark: SparkSession, local: dict[str, tuple[str, int]], opts
                           len(first["text"])))
     counts = {"documents": len(documents), "duplicates": len(read) - len(documents), "rejected": len(rejects),
               "chars": sum(len(row["text"]) for row in read)}
-    return InputRead(spark.createDataFrame(documents, T.SCHEMAS[T.DOCUMENTS]),
-                     spark.createDataFrame(rejects, T.SCHEMAS[T.INPUT_REJECTS]), counts, pd.DataFrame([(d[0], d[2]) for d in documents], columns=["id", "text"]))
+    return InputRead(T.local_frame(spark, documents, T.SCHEMAS[T.DOCUMENTS]),
+                     T.local_frame(spark, rejects, T.SCHEMAS[T.INPUT_REJECTS]), counts, pd.DataFrame([(d[0], d[2]) for d in documents], columns=["id", "text"]))
 
 
 def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
@@ -354,8 +354,8 @@ def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
     if listed is not None and totals["files"] < len(listed):
         scanned = {row.file for row in parsed.select("file").distinct().collect()}
         empty = sorted(path for path in map(_scan_spelling, listed) if path not in scanned)
-        rejects = rejects.unionByName(parsed.sparkSession.createDataFrame(
-            [(path, "empty file", 0) for path in empty], T.SCHEMAS[T.INPUT_REJECTS]))
+        rejects = rejects.unionByName(T.local_frame(
+            parsed.sparkSession, [(path, "empty file", 0) for path in empty], T.SCHEMAS[T.INPUT_REJECTS]))
         counts["rejected"] += len(empty)
     return InputRead(documents, rejects, counts)
 

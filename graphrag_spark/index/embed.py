@@ -308,7 +308,7 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: C
             now = datetime.now(timezone.utc)
             paid = [(model, dimensions, key, vector, now) for key, vector in fresh.items() if vector is not None]
             if paid:  # before the stage's table: a crash after this commit does not pay for them again
-                store.write(store.spark.createDataFrame(paid, T.SCHEMAS[T.EMBEDDING_CACHE]), T.EMBEDDING_CACHE,
+                store.write(T.local_frame(store.spark, paid, T.SCHEMAS[T.EMBEDDING_CACHE]), T.EMBEDDING_CACHE,
                             mode="append", counted=False)
         finally:
             journal.close()
@@ -375,7 +375,7 @@ def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cf
             sent += embed([final[key] for key in came])
         if closed and left:
             raise RuntimeError(f"internal error: {len(left)} summaries awaited by the entity embeddings never came")
-    texts = spark.createDataFrame(list(final.items()), "id string, text string")
+    texts = T.local_frame(spark, final.items(), "id string, text string")
     counts = build_embeddings(spark, store, cfg, None, (name,), known=vectors, texts=texts)
     return {**counts, "entity texts embedded beside the summaries": sent}
 
@@ -383,7 +383,7 @@ def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cf
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
     """(id, vector, model_name) rows of the last run whose text is unchanged and whose vector exists."""
     if not previous.exists(name):
-        return current.sparkSession.createDataFrame([], T.SCHEMAS[name])
+        return T.local_frame(current.sparkSession, [], T.SCHEMAS[name])
     unchanged = current.join(embedding_input(previous, name), ["id", "text"], "left_semi").select("id")
     return (previous.read(name).where(F.col("vector").isNotNull() & (F.col("model_name") == model_name))
             .join(unchanged, "id", "left_semi"))
@@ -410,13 +410,13 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
     model_name = embedding_model_name(cfg)
     kept: list = []
     if previous is not None:  # at most one row per current row: small too
-        reusable = _reusable(name, spark.createDataFrame(collected, "id string, text string"), previous, model_name)
+        reusable = _reusable(name, T.local_frame(spark, collected, "id string, text string"), previous, model_name)
         kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
     kept_ids = {key for key, _ in kept}
     todo = [r for r in collected if r.id not in kept_ids]
     vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name, known)
     out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
-    store.write(spark.createDataFrame(out, T.SCHEMAS[name]), name, counted=False)
+    store.write(T.local_frame(spark, out, T.SCHEMAS[name]), name, counted=False)
     return len(collected), requested, sum(v is None for v in vectors)
 
 

@@ -241,7 +241,7 @@ def documents_stage(run: Run) -> None:
 def _unchanged_diff(run: Run, counts: dict) -> DocumentDiff:
     """The diff of documents read as the published ones, counted in the run summary."""
     diff = DocumentDiff({"new": 0, "changed": 0, "deleted": 0, "unchanged": counts["documents"] + counts["duplicates"]},
-                        *(run.spark.createDataFrame([], "id string") for _ in range(2)), 0, 0)
+                        *(T.local_frame(run.spark, [], "id string") for _ in range(2)), 0, 0)
     run.summary.counts.update({"documents": counts["documents"], "duplicate documents": counts["duplicates"],
                                "rejected inputs": counts["rejected"]})
     run.summary.counts.update({f"documents {k}": v for k, v in diff.counts.items()})
@@ -310,7 +310,7 @@ def extraction_stage(run: Run) -> None:
         # Persisted: both tables come from one extraction pass, not one pass per table written.
         nlp_instances = extraction.nlp_instances(todo, cfg.extraction).persist()
         entity_instances, relationship_instances = extraction.split_instances(nlp_instances)
-        claims = spark.createDataFrame([], T.SCHEMAS[T.CLAIMS])
+        claims = T.local_frame(spark, [], T.SCHEMAS[T.CLAIMS])
     # The instances and claims of units that are gone are retracted; the others are kept as extracted.
     kept = {name: _kept_rows(run.before(name), "text_unit_id", units)
             for name in (T.ENTITY_INSTANCES, T.RELATIONSHIP_INSTANCES, T.CLAIMS)}
@@ -846,7 +846,7 @@ def build_reports(spark: SparkSession, store: T.TableStore, cfg: Config, run_id:
         finer = store.read(T.COMMUNITY_REPORTS).where(F.col("level") == level)
         per_level[level] = finer.count()
     if not levels:
-        store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS, counted=False)
+        store.write(T.local_frame(spark, [], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS, counted=False)
     summary.counts["reports per level"] = dict(sorted(per_level.items()))
 
 

@@ -301,7 +301,7 @@ def build_llm_reports(spark, store, cfg, run_id: str, claims: DataFrame | None,
     if summaries is not None and not streams:
         summaries.all()  # the tables as the summaries leave them
     if shape.empty:
-        store.write(spark.createDataFrame([], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
+        store.write(T.local_frame(spark, [], T.SCHEMAS[T.COMMUNITY_REPORTS]), T.COMMUNITY_REPORTS)
         return {"reports per level": {}}, []
     if streams:
         built = _reports_on_driver(spark, store, cfg, run_id, claims, read, shape, origins, summaries, awaited)
@@ -390,7 +390,7 @@ def _reports_on_driver(spark, store, cfg, run_id: str, claims: DataFrame | None,
     for community in origins:
         report_of(community)
     rows_out = [tuple(report[name] for name in REPORT_COLUMNS) for report in reports.values()]
-    _write_reports(store, spark.createDataFrame(rows_out, T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
+    _write_reports(store, T.local_frame(spark, rows_out, T.SCHEMAS[T.COMMUNITY_REPORTS]), len(shape))
     return substituted, trimmed, usages, schedule.awaited_contexts
 
 
@@ -512,7 +512,7 @@ def _driver_answers(spark, store, cfg, run_id: str, contexts: list[dict], follow
                     feed_items=None) -> tuple[dict, object]:
     """One LLM stage over contexts built on the driver: their answers by community id (None: failed), the
     follow-ups' and the feed's (``_report_stage``) too."""
-    built = spark.createDataFrame(_items(contexts), "id string, context string")
+    built = T.local_frame(spark, _items(contexts), "id string, context string")
     outcome, usage = _report_stage(spark, store, cfg, built, run_id, follow_up, feed, feed_items)
     return {row["id"]: row["result"] for row in outcome.collect()}, usage
 

@@ -79,9 +79,8 @@ class IndexLock:
         and the other finds the table and takes the lock as usual. True if this run created it."""
         if self.store.exists(T.INDEX_LOCK):
             return False
-        taken = self.store.spark.createDataFrame(
-            [Row(lock=LOCK_KEY, run_id=self.run_id, job=self.job, host=socket.gethostname(), pid=os.getpid(),
-                 acquired_at=None, heartbeat_at=None)], T.SCHEMAS[T.INDEX_LOCK]
+        taken = T.local_frame(self.store.spark, [
+            (LOCK_KEY, self.run_id, self.job, socket.gethostname(), os.getpid(), None, None)], T.SCHEMAS[T.INDEX_LOCK]
         ).withColumn("acquired_at", F.current_timestamp()).withColumn("heartbeat_at", F.current_timestamp())
         writer = taken.write.format("delta").mode("error").options(**T.TABLE_PROPERTIES)  # Connect knows only "error"
         try:
@@ -244,6 +243,5 @@ def current_versions(store: T.TableStore, known: dict[str, int | None] | None = 
 
 def record_run(store: T.TableStore, **row) -> None:
     schema = T.SCHEMAS[T.INDEX_RUNS]
-    full = {f.name: row.get(f.name) for f in schema.fields}
-    store.write(store.spark.createDataFrame([Row(**full)], schema), T.INDEX_RUNS, mode="append", counted=False)
+    store.write(T.local_frame(store.spark, [row], schema), T.INDEX_RUNS, mode="append", counted=False)
 

@@ -633,7 +633,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         returned: list[dict] | None = []
     else:
         done = (store.read_or_empty(T.LLM_RESULTS) if _read_needed(store, stage, None) else
-                spark.createDataFrame([], T.SCHEMAS[T.LLM_RESULTS])).where(
+                T.local_frame(spark, [], T.SCHEMAS[T.LLM_RESULTS])).where(
             (F.col("stage") == stage) & F.col("error").isNull()).select("item_key")
         # One job counts the stage's items and its cache hits; the pending items are then read from
         # memory by the stage's job instead of being derived again (items, llm_results scan, anti-join).
@@ -660,7 +660,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
             by_size = math.ceil(n_pending / _ITEMS_PER_TASK)
             n_tasks = max(1, min(n_pending, max(slots, by_size)))
             if pending_rows is not None:  # the waves split the items themselves
-                pending = spark.createDataFrame(pending_rows, _KEYED_SCHEMA)
+                pending = T.local_frame(spark, pending_rows, _KEYED_SCHEMA)
             figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
                                     row_of, meter, returned)
         else:
@@ -668,9 +668,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 # One slot stays free: the periodic commit is a Spark job, and it could not start before the
                 # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
                 n_tasks = max(1, min(n_items, max(slots - 1, math.ceil(n_items / _ITEMS_PER_TASK))))
-                # The driver's rows are sliced into the tasks as they are sent: no shuffle, a job of its own.
-                frame = (pending.repartition(n_tasks) if rows is None else spark.createDataFrame(
-                    spark.sparkContext.parallelize([tuple(row) for row in rows], n_tasks), _KEYED_SCHEMA))
+                # The driver's rows: a local relation, dealt round-robin to the tasks (no Python job).
+                frame = (pending if rows is None else T.local_frame(spark, rows, _KEYED_SCHEMA)).repartition(n_tasks)
                 return _run_coordinated(spark, store, llm, model, frame, n_tasks, safe_fn, row_of, meter, journal,
                                         returned, follow, n_items, fed)
 
@@ -733,7 +732,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
 def append_usage(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
     """``llm_usage`` rows in one commit."""
     if rows:
-        store.write(spark.createDataFrame(rows, T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append", counted=False)
+        store.write(T.local_frame(spark, rows, T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append", counted=False)
 
 
 def _usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, model: LlmModelConfig,

@@ -67,7 +67,7 @@ def read_questions(spark: SparkSession, source: str) -> list[str]:
 def answers_frame(spark: SparkSession, questions: list[str], results: list[SearchResult]) -> DataFrame:
     rows = [(q, r.method, r.level, r.answer, r.context_units, r.context_tokens, r.prompt_tokens, r.completion_tokens,
              r.llm_calls, r.failed_llm_calls, r.malformed_map_answers, float(r.latency_s)) for q, r in zip(questions, results)]
-    return spark.createDataFrame(rows, T.SCHEMAS[T.QUERY_ANSWERS])
+    return T.local_frame(spark, rows, T.SCHEMAS[T.QUERY_ANSWERS])
 
 
 def write_answers(spark: SparkSession, frame: DataFrame, output: str, mode: str = "append") -> None:

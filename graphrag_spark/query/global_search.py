@@ -29,6 +29,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from graphrag_spark import tables as T
 from graphrag_spark.config import Config, QueryConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.index.extract_nlp import split_sentences
@@ -80,7 +81,7 @@ class SearchResult:
         """``context`` or ``points`` as a Spark DataFrame (for ``display`` in a notebook)."""
         frame = getattr(self, table)
         if not len(frame):
-            return spark.createDataFrame([], ", ".join(f"`{c}` string" for c in frame.columns))
+            return T.local_frame(spark, [], ", ".join(f"`{c}` string" for c in frame.columns))
         return spark.createDataFrame(frame)
 
 

@@ -253,8 +253,8 @@ def _layer_clusters(spark: SparkSession, nodes: DataFrame, frontiers: dict[str, 
     with the local passes distributed."""
     embeddings = {t: np.stack([n.embedding for n in f]).astype(np.float64) for t, f in frontiers.items()}
     outer = {t: global_clusters(e, params) for t, e in embeddings.items()}
-    assignments = spark.createDataFrame(
-        [(t, g, position, frontiers[t][index].id) for t, clusters in outer.items()
+    assignments = T.local_frame(
+        spark, [(t, g, position, frontiers[t][index].id) for t, clusters in outer.items()
          for g, cluster in enumerate(clusters) for position, (index, _) in enumerate(cluster)],
         "tree_id string, global_cluster int, position int, id string")
     members = assignments.join(nodes.select("tree_id", "id", "embedding"), ["tree_id", "id"])
@@ -288,8 +288,8 @@ def _cluster_edges(frontier: list[Node], clusters: list[Cluster], layer: int) ->
 def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, params: RaptorParams, nodes: DataFrame,
                edges: dict[str, list[Edge]], layer: int, run_id: str) -> tuple[DataFrame, list[StageUsage]]:
     """The layer's summary nodes (not yet embedded), written in executors; failures are failed nodes."""
-    children = spark.createDataFrame(
-        [(t, e.parent, position, e.child) for t, es in edges.items() for position, e in enumerate(es)],
+    children = T.local_frame(
+        spark, [(t, e.parent, position, e.child) for t, es in edges.items() for position, e in enumerate(es)],
         "tree_id string, parent string, edge int, child string")
     parent_order = {parent: i for es in edges.values() for i, parent in enumerate(dict.fromkeys(e.parent for e in es))}
     texts = (children.join(nodes.select(F.col("id").alias("child"), "text"), "child")
@@ -303,7 +303,7 @@ def _summarize(spark: SparkSession, store: T.TableStore, cfg: Config, params: Ra
         usages = [usage]
     else:
         written, usages = _extractive_summaries(texts, params, cfg.chunking.encoding), []
-    order = spark.createDataFrame(list(parent_order.items()), "item_id string, position long")
+    order = T.local_frame(spark, parent_order.items(), "item_id string, position long")
     nodes = _summary_nodes(texts.select("tree_id", "item_id").join(written, "item_id").join(order, "item_id"), layer,
                            cfg.chunking.encoding)
     return store.checkpoint(nodes, f"raptor_summaries_{layer}"), usages
