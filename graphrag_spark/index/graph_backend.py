@@ -42,17 +42,18 @@ def resolve_backend(spark: SparkSession, setting: str, edges: int | None = None,
     (``edges``; unknown = small): Leiden needs the edge list on the driver anyway, and there the
     driver path was 18x faster (3M edges: 34 s against 608 s for GraphFrames, 2 cores). Beyond it,
     GraphFrames finds the largest component in the executors, so only that component's edges reach
-    the driver. Degrees are one aggregation either way."""
+    the driver. Degrees are one aggregation either way. GraphFrames is looked for only where the answer
+    depends on it: its Python package imports pyspark.ml, half a second of CPU as the communities start."""
     if setting == "sql":
         return "sql"
-    available = graphframes_available(spark)
-    if setting == "graphframes" and not available:
+    if setting == "auto":
+        large = edges is not None and edges > driver_max_edges
+        return "graphframes" if large and graphframes_available(spark) else "sql"
+    if not graphframes_available(spark):
         raise UserError("graph.backend is 'graphframes' but GraphFrames does not load here; install graphframes-py and "
                         "add its JAR (spark.jars, or io.graphframes:graphframes-spark4_2.13 in spark.packages), "
                         "or set graph.backend=auto.")
-    if setting == "graphframes":
-        return "graphframes"
-    return "graphframes" if available and edges is not None and edges > driver_max_edges else "sql"
+    return "graphframes"
 
 
 def _graph(relationships: DataFrame, vertices: DataFrame | None = None):
