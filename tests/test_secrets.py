@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import cloudpickle
 import pytest
 
@@ -80,3 +82,23 @@ def test_an_unreachable_endpoint_is_one_sentence(monkeypatch):
         base = handle.base_url  # a port that is free once this server stops
     with pytest.raises(UserError, match="Cannot reach the model endpoint"):
         secrets.ensure_api_key(LlmModelConfig(api_base=base, api_key_env="GRS_TEST_KEY"))
+
+
+def test_a_check_made_ahead_is_waited_for_and_a_failed_one_is_left_to_the_stage(server, monkeypatch):
+    """The index checks its keys beside its start: a stage's own check waits for that request rather than making
+    it again, and a key it finds rejected fails nothing there: the stage's check raises the one sentence."""
+    made, real = [], secrets._preflight
+    monkeypatch.setattr(secrets, "_preflight", lambda cfg, key: (made.append(key), time.sleep(0.3), real(cfg, key)))
+    monkeypatch.setenv("GRS_TEST_KEY", KEY)
+    cfg = model(server)
+    ahead = secrets.check_ahead([cfg])
+    secrets.ensure_api_key(cfg)
+    ahead.join()
+    assert made == [KEY]
+    monkeypatch.setenv("GRS_TEST_KEY", "sk-wrong")
+    wrong = model(server)
+    secrets.check_ahead([wrong]).join()
+    assert server.stats()["unauthorized"] == 1
+    with pytest.raises(UserError, match="rejected"):
+        secrets.ensure_api_key(wrong)
+    assert secrets.check_ahead([]) is None

@@ -42,6 +42,7 @@ from graphrag_spark.index.embed import build_embeddings, embed_entities_beside_s
 from graphrag_spark.index.graph_backend import resolve_backend
 from graphrag_spark.index.refresh import DocumentDiff, diff_documents, keep_numbers, same_rows
 from graphrag_spark.index.summarize import summarize_graph
+from graphrag_spark.llm.secrets import check_ahead
 from graphrag_spark.llm.stage import DRIVER_STAGE_ITEMS, Feed, FreshResults, StageUsage, append_usage, new_run_id
 from graphrag_spark.session import warm_python_workers
 
@@ -598,10 +599,13 @@ def run_index(spark: SparkSession, cfg: Config, full: bool = False) -> RunSummar
         checked = None if full else _check_input(spark, cfg, store, run_id, ahead)
         if checked is not None and checked.diff is not None:
             return checked.summary
-        # The run goes on (a rerun that ends at its input read needs no worker): workers start beside the
-        # lock's commit. It is the JVM's first Delta write and ~0.7 s slower beside them on 2 cores, but
-        # extraction's first call, which waits on a worker, comes ~1.5 s sooner (A Christmas Carol, 120 RPM).
+        # The run goes on (a rerun that ends at its input read needs no worker): workers start, and the API keys
+        # are checked, beside the lock's commit. It is the JVM's first Delta write and ~0.7 s slower beside the
+        # workers on 2 cores, but extraction's first call, which waits on a worker, comes ~1.5 s sooner (A
+        # Christmas Carol, 120 RPM).
         warming = warm_python_workers(spark, _WORKER_MODULES[cfg.extraction.method], cfg.chunking.encoding)
+        check_ahead([model for model, called in ((cfg.llm.chat, "llm" in (cfg.extraction.method, cfg.reports.method)),
+                                                 (cfg.llm.embedding, cfg.embeddings.provider == "openai")) if called])
         with runs.IndexLock(store, run_id, cfg.refresh):
             return _locked_run(spark, cfg, store, run_id, full, checked, ahead)
     finally:

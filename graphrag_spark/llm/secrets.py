@@ -18,6 +18,7 @@ failing every task.
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import openai
@@ -26,6 +27,7 @@ from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.errors import UserError
 
 _CHECKED: set[tuple[str, str, str]] = set()
+_CHECKING = threading.Lock()  # a check in flight (one made ahead) is waited for, not made twice
 _PREFLIGHT_TIMEOUT_S = 20.0
 
 
@@ -85,10 +87,28 @@ def ensure_api_key(cfg: LlmModelConfig) -> None:
         key = LOCAL_PLACEHOLDER_KEY
     cfg.attach_api_key(key)
     marker = (cfg.api_base or "", cfg.api_type, hashlib.sha256(key.encode()).hexdigest())
-    if marker in _CHECKED:
-        return
-    _preflight(cfg, key)
-    _CHECKED.add(marker)
+    with _CHECKING:
+        if marker in _CHECKED:
+            return
+        _preflight(cfg, key)
+        _CHECKED.add(marker)
+
+
+def check_ahead(models: list[LlmModelConfig]) -> threading.Thread | None:
+    """:func:`ensure_api_key` for ``models``, in a thread of its own (returned): the request overlaps the job's
+    start rather than the first stage's. A failure is the stage's to raise: its own check makes the request again."""
+    def check() -> None:
+        for model in models:
+            try:
+                ensure_api_key(model)
+            except Exception:  # noqa: BLE001 - see above
+                pass
+
+    if not models:
+        return None
+    thread = threading.Thread(target=check, name="api-key-check", daemon=True)
+    thread.start()
+    return thread
 
 
 def _preflight(cfg: LlmModelConfig, key: str) -> None:
