@@ -179,9 +179,11 @@ def _journal_rows(cfg: Config, keys, vectors) -> list[dict]:
             for key, vector in zip(keys, vectors)]
 
 
-def _cache_rows(rows: list[dict]) -> list[tuple]:
+def _cache_rows(rows: list[dict]) -> pd.DataFrame:
+    """Journaled vectors as ``embedding_cache`` rows (a pandas frame: Arrow makes it a frame, no Python job)."""
     now = datetime.now(timezone.utc)
-    return [(row["model"], row["dimensions"], row["text_hash"], _unpacked(row["vector"]), now) for row in rows]
+    return pd.DataFrame([(row["model"], row["dimensions"], row["text_hash"], _unpacked(row["vector"]), now) for row in rows],
+                        columns=T.SCHEMAS[T.EMBEDDING_CACHE].fieldNames())
 
 
 class VectorJournal:

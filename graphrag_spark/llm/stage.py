@@ -440,9 +440,9 @@ def stage_journal(store: T.TableStore, name: str) -> Path:
 
 
 def recover_journal(spark: SparkSession, store: T.TableStore, journal: Path, table: str,
-                    frame_of: Callable[[list[dict]], Any], keys: list[str]) -> int:
+                    frame_of: Callable[[list[dict]], pd.DataFrame], keys: list[str]) -> int:
     """Append to ``table`` what an earlier, crashed run journaled but did not commit (``frame_of`` turns the
-    journal's rows into the table's rows; a row whose ``keys`` the table holds is not appended again).
+    journal's rows into the table's rows, a pandas frame; a row whose ``keys`` the table holds is not appended again).
     Returns the rows recovered."""
     rows = read_journal(journal)
     if rows:
