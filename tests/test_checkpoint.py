@@ -5,6 +5,7 @@ create a table at once; and local_frame, the driver's rows as a frame with no Py
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import datetime, timezone
@@ -165,9 +166,13 @@ def _sample(dtype):
 def test_local_frame_gives_create_data_frames_rows_with_no_python_job(spark):
     """Every table's schema, from tuples, dicts and Rows, with every value and with nulls: the same rows as
     ``createDataFrame`` of the list, converted by Arrow alone (no fallback), into a local relation (the list's
-    frame is a Python RDD, whose job needs a Python worker)."""
+    frame is a Python RDD, whose job needs a Python worker). The driver's clock is off UTC, so a naive timestamp
+    read as UTC rather than as local time shows."""
     stamps = T._schema(("naive", TimestampType()), ("aware", TimestampType()))
     spark.conf.set("spark.sql.execution.arrow.pyspark.fallback.enabled", "false")
+    zone = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
     try:
         shapes = {schema.simpleString(): (name, schema) for name, schema in [*T.SCHEMAS.items(), ("timestamps", stamps)]}
         for name, schema in shapes.values():
@@ -181,4 +186,9 @@ def test_local_frame_gives_create_data_frames_rows_with_no_python_job(spark):
             assert frame.schema == schema and frame.collect() == expected, name
         assert T.local_frame(spark, [], stamps).collect() == []
     finally:
+        if zone is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = zone
+        time.tzset()
         spark.conf.unset("spark.sql.execution.arrow.pyspark.fallback.enabled")
