@@ -136,9 +136,10 @@ def EARLY_JOB(tmp: Path) -> ClusterRun:
     try:
         (tmp / "events").mkdir()
         refused = _submit(cluster, tmp / "unused.tar.gz", tmp, "index.py", ["--help"], deploy_mode="cluster")
-        # Every call without the key is a 401. At most two calls in flight job-wide, each taking 0.5 s: the report
-        # stage lasts long enough to lose an executor in it, and a lost task can have at most two calls in flight.
-        with start_server(api_key=SECRET, latency_s=0.5) as server:
+        # Every call without the key is a 401. At most two calls in flight job-wide, each taking 1 s: the report
+        # stage lasts long enough to lose an executor in it and for the master to launch its replacement (at 0.5 s
+        # the faster job once ended first), and a lost task can have at most two calls in flight.
+        with start_server(api_key=SECRET, latency_s=1.0) as server:
             settings = [f"storage.root={tmp / 'index'}", f"input.path={_corpus(tmp / 'corpus')}", "chunking.size=200",
                         "chunking.overlap=20", "extraction.method=llm", "extraction.max_gleanings=0",
                         "embeddings.provider=openai", f"llm.chat.api_base={server.base_url}",
