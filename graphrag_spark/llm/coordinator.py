@@ -231,8 +231,10 @@ class Coordinator:
         self._done: set[str] = set()
         self._buffer: list[dict] = []
         self._rows: list[dict] = []
-        self._active_tasks = 0
-        self._finished_tasks = 0
+        # Partitions, not attempts: an attempt lost with its executor never says it finished, and its retry
+        # must not count as one more task sharing the window.
+        self._running: set[int] = set()
+        self._finished: set[int] = set()
         self.on_result = None  # a callable(row) the stage may set (progress)
         self._journal = Journal(journal)
         # Follow-ups: ``follow(row)`` gives the records a returned row made ready. The stage stays open
@@ -248,7 +250,8 @@ class Coordinator:
         self._attempts: dict[int, int] = {}
         self._changed = threading.Condition(self._lock)
         self.follow_error: BaseException | None = None
-        routes = {"start": lambda b: self.start(b["keys"]), "finish": lambda b: self.finish(),
+        routes = {"start": lambda b: self.start(b["keys"], b["partition"]),
+                  "finish": lambda b: self.finish(b["partition"]),
                   "acquire": lambda b: self.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
                                                     b.get("latencies", [])),
                   "result": lambda b: self.result(b["row"]),
@@ -276,19 +279,19 @@ class Coordinator:
         total = in_flight_target(model.requests_per_minute * model.budget.factor(), latency, self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())
-        sharing = max(self._active_tasks, self._tasks - self._finished_tasks)
+        sharing = max(len(self._running), self._tasks - len(self._finished))
         return max(1, math.ceil(total / max(1, sharing)))
 
-    def start(self, keys: list[str]) -> dict:
+    def start(self, keys: list[str], partition: int) -> dict:
         with self._lock:
-            self._active_tasks += 1
+            self._running.add(partition)
             return {"todo": [k for k in keys if k not in self._done], "window": self.window(),
                     "follow_ups": self._follow is not None or self.fed}
 
-    def finish(self) -> dict:
+    def finish(self, partition: int) -> dict:
         with self._lock:
-            self._active_tasks = max(0, self._active_tasks - 1)
-            self._finished_tasks += 1
+            self._running.discard(partition)
+            self._finished.add(partition)
         return {}
 
     def acquire(self, tokens: int, settle: int, rate_limited: list[float | None], latencies: list[float]) -> dict:
@@ -334,7 +337,9 @@ class Coordinator:
 
     def more(self, partition: int, attempt: int) -> dict:
         """Follow-ups for a task of ``partition``: a new attempt first gets again what its partition took and
-        did not return; then the ones no task took. Waits up to ``_MORE_POLL_S`` for some while the stage is open."""
+        did not return; then the ones no task took. Waits up to ``_MORE_POLL_S`` for some while the stage is open.
+        ``attempt`` is the task attempt's id (``TaskContext.taskAttemptId``): unique in the application and
+        larger for a later attempt, in a resubmitted stage too."""
         deadline = time.monotonic() + _MORE_POLL_S
         with self._changed:
             handed = self._handed.setdefault(partition, [])

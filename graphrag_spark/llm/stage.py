@@ -159,7 +159,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     not yet started, until the stage has nothing left."""
     works: list[LlmWork] = []
     budget = RemoteBudget(url, 1)
-    started = await budget.post("start", {"keys": [r["item_key"] for r in records]})
+    started = await budget.post("start", {"keys": [r["item_key"] for r in records], "partition": partition})
     todo, budget.window = set(started["todo"]), started["window"]
     queue = deque(r for r in records if r["item_key"] in todo)
 
@@ -190,7 +190,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     finally:
         if more is not None:
             more.cancel()
-        await budget.post("finish", {})
+        await budget.post("finish", {"partition": partition})
     return works
 
 
@@ -488,8 +488,10 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
 
         records = [record for frame in frames for record in frame.to_dict("records")]
         context = TaskContext.get()
+        # The attempt's id, not its number: a stage resubmitted after an executor's loss took its shuffle
+        # input numbers its attempts from 0 again, and would be taken for the lost attempt.
         works = asyncio.run(_run_task(records, url, safe_fn, model, row_of, context.partitionId(),
-                                      context.attemptNumber()))
+                                      context.taskAttemptId()))
         tally.add(works)
         yield pd.DataFrame({"n": [len(works)]})
 
