@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from http.client import RemoteDisconnected
@@ -256,6 +257,27 @@ def test_fifty_concurrent_connections_are_all_served():
                 )
             )
         assert statuses == [200] * 50 and handle.stats()["served"]["chat"] == 50
+
+
+def test_held_answers_wait_for_the_end_of_the_hold_and_stopping_releases_them():
+    with start_server() as handle, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        body = {"model": "m", "messages": [{"role": "user", "content": "Text."}]}
+        with handle.holding_answers():
+            held = pool.submit(post, f"{handle.base_url}/chat/completions", body)
+            with pytest.raises(concurrent.futures.TimeoutError):
+                held.result(timeout=1.0)
+            assert handle.stats()["requests"]["chat"] == 1 and handle.stats()["served"]["chat"] == 0
+            assert list(handle.requests_in_progress().values()) == ["unknown"]
+        assert held.result(timeout=10)[0] == 200 and handle.stats()["served"]["chat"] == 1
+        assert handle.requests_in_progress() == {} and handle.stats()["repaid"] == {"chat": 0, "embeddings": 0}
+        assert post(f"{handle.base_url}/chat/completions", body)[0] == 200  # the same request, answered again
+        assert handle.stats()["repaid"] == {"chat": 1, "embeddings": 0}
+        with handle.holding_answers():
+            stranded = pool.submit(post, f"{handle.base_url}/chat/completions", body)
+            while not handle.requests_in_progress():
+                time.sleep(0.01)
+            handle.stop()  # a stopping server answers what it holds rather than hang its threads
+            assert stranded.result(timeout=10)[0] == 200
 
 
 def test_request_limit_answers_429_with_retry_after():

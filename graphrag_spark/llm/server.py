@@ -55,7 +55,7 @@ import zlib
 from collections import Counter, deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Iterator
 
 from graphrag_spark.tokens import count_tokens, get_encoding
 
@@ -674,6 +674,8 @@ class _State:
         self.knobs = knobs
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.answering = threading.Event()  # cleared while answers are held back (a stalled provider)
+        self.answering.set()
         self.reset()
 
     def reset(self) -> None:
@@ -682,6 +684,8 @@ class _State:
             self.by_kind: Counter = Counter()
             self.request_hashes: Counter = Counter()
             self.served_hashes: Counter = Counter()
+            self.repaid: Counter = Counter()  # per endpoint: answers to a request already answered before
+            self.in_progress: dict[int, str] = {}  # client port -> kind, of the requests admitted, not answered
             self.windows: dict[str, deque[tuple[float, int]]] = {}
             self.served_times: list[float] = []
             self.served_intervals: list[tuple[str, float, float]] = []  # (endpoint, admitted, answered) per served call
@@ -733,6 +737,7 @@ class _State:
             self.counters["completion_tokens"] += completion_tokens
             self.by_kind[kind] += 1
             self.served_hashes[request_hash] += 1
+            self.repaid[endpoint] += self.served_hashes[request_hash] > 1
             self.served_times.append(time.monotonic())
 
     def stats(self) -> dict[str, Any]:
@@ -749,6 +754,7 @@ class _State:
                 "completion_tokens": c["completion_tokens"],
                 "request_hashes": dict(self.request_hashes),
                 "served_hashes": dict(self.served_hashes),
+                "repaid": {e: self.repaid[e] for e in ("chat", "embeddings")},
                 # Sustained rate: served calls per minute between the first and the last answer.
                 "served_span_s": (self.served_times[-1] - self.served_times[0]) if len(self.served_times) > 1 else 0.0,
             }
@@ -866,8 +872,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_429(wait, "Rate limit reached for requests or tokens per minute.")
             return
         latency = knobs.latency_s + knobs.latency_jitter_s * (2 * state.draw("latency", request_hash, seen) - 1)
-        if latency > 0:
-            state.stopping.wait(latency)
+        with state.lock:
+            state.in_progress[self.client_address[1]] = kind
+        try:
+            if latency > 0:
+                state.stopping.wait(latency)
+            state.answering.wait()
+        finally:
+            with state.lock:
+                state.in_progress.pop(self.client_address[1], None)
         state.served(endpoint, kind, request_hash, prompt_tokens, completion_tokens, admitted_at)
         self._send_json(200, payload)
 
@@ -961,8 +974,25 @@ class ServerHandle:
         with self.server.state.lock:
             return [(a, b) for e, a, b in self.server.state.served_intervals if endpoint in (None, e)]
 
+    @contextlib.contextmanager
+    def holding_answers(self) -> Iterator[None]:
+        """Within the block calls are taken but not answered, as by a stalled provider; they are answered
+        when it ends."""
+        self.server.state.answering.clear()
+        try:
+            yield
+        finally:
+            self.server.state.answering.set()
+
+    def requests_in_progress(self) -> dict[int, str]:
+        """The requests admitted and not answered yet (in their latency, or held): their client's port and their
+        kind (what ``stats()["by_kind"]`` counts)."""
+        with self.server.state.lock:
+            return dict(self.server.state.in_progress)
+
     def stop(self) -> None:
         self.server.state.stopping.set()
+        self.server.state.answering.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
