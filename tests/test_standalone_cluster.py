@@ -102,7 +102,7 @@ def _a_later_report_is_out(server) -> bool:
         "community_report" in server.requests_in_progress().values())
 
 
-def _index_killing_an_executor(cluster, archive, tmp: Path, args: list[str], server, watch: ProcessWatch):
+def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], server, watch: ProcessWatch):
     """Run the index job; while a community report's call is out, hold the server's answers and SIGKILL every
     executor JVM: the task calling is lost with the follow-ups it was handed, and so is the shuffle output its
     stage read, so its retry runs in a resubmitted stage. Answers stay held until the master has launched two
@@ -178,8 +178,8 @@ def EARLY_JOB(tmp: Path) -> ClusterRun:
             set_args = [arg for setting in settings for arg in ("--set", setting)]
             lap("cluster deploy mode refused")
             with ProcessWatch() as watch:
-                index, killed = _index_killing_an_executor(cluster, archive, tmp,
-                                                           ["--config", "conf/local.yaml", *set_args], server, watch)
+                index, killed = _index_losing_every_executor(cluster, archive, tmp,
+                                                             ["--config", "conf/local.yaml", *set_args], server, watch)
             lap("index job")
             query = _submit(cluster, archive, tmp, "query.py",
                             ["--config", "conf/local.yaml", *set_args, "--method", "global", "--level", "0",
