@@ -150,6 +150,29 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once, as the loss of its machine would. Each is stopped
+    before its children are read, so none forks one unseen; a child outliving its parent even briefly (a
+    Python worker after its executor JVM) could still act, e.g. deliver an answer."""
+    stopped, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            os.kill(parent, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        stopped.append(parent)
+        for entry in Path("/proc").iterdir():
+            stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+            if stat is not None and int(stat[1]) == parent:
+                frontier.append(int(entry.name))
+    for stopped_pid in stopped:
+        try:
+            os.kill(stopped_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
 @dataclass
 class SeenProcess:
     pid: int
