@@ -120,8 +120,10 @@ def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], s
                         if _a_later_report_is_out(server):  # not answered meanwhile
                             killed = _kill_every_executor(watch.of_cluster(cluster)[0])
                             given_up = time.monotonic() + REPLACEMENT_TIMEOUT_S
+                            # Not the killed ones: a JVM takes a moment to die, and still looks alive meanwhile.
                             while time.monotonic() < given_up and sum(
-                                    _alive(p.pid, p.started_at) for p in watch.of_cluster(cluster)[0]) < 2:
+                                    (p.pid, p.started_at) not in killed and _alive(p.pid, p.started_at)
+                                    for p in watch.of_cluster(cluster)[0]) < 2:
                                 time.sleep(0.2)
                 time.sleep(0.1)
         finally:
