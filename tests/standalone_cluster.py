@@ -155,22 +155,24 @@ def kill_process_tree(pid: int) -> None:
     before its children are read, so none forks one unseen; a child outliving its parent even briefly (a
     Python worker after its executor JVM) could still act, e.g. deliver an answer."""
     stopped, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            os.kill(parent, signal.SIGSTOP)
-        except ProcessLookupError:
-            continue
-        stopped.append(parent)
-        for entry in Path("/proc").iterdir():
-            stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
-            if stat is not None and int(stat[1]) == parent:
-                frontier.append(int(entry.name))
-    for stopped_pid in stopped:
-        try:
-            os.kill(stopped_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
+    try:
+        while frontier:
+            parent = frontier.pop()
+            try:
+                os.kill(parent, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            stopped.append(parent)
+            for entry in Path("/proc").iterdir():
+                stat = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+                if stat is not None and int(stat[1]) == parent:
+                    frontier.append(int(entry.name))
+    finally:  # never leaves a process stopped
+        for stopped_pid in stopped:
+            try:
+                os.kill(stopped_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
 
 
 @dataclass
