@@ -234,8 +234,8 @@ class ProcessWatch:
         seen = [p for p in self.executors.values() if any(p.cwd.startswith(r) for r in roots)]
         # A JVM's child caught between its spawn and its exec still shows the JVM's command line: an executor's
         # Python daemon, seen that early, looks like an executor whose parent is one.
-        executors = [p for p in seen if p.parent not in {e.pid for e in seen}]
         ours = {p.pid for p in seen}
+        executors = [p for p in seen if p.parent not in ours]
         workers: list[SeenProcess] = []
         grew = True
         while grew:  # pyspark.daemon is a child of the executor JVM, the forked workers are children of the daemon
