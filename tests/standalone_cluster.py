@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -76,6 +77,17 @@ class StandaloneCluster:
 
     def alive_workers(self) -> int:
         return int(self.master_status().get("aliveworkers", 0))
+
+    def executor_launches(self) -> list[str]:
+        """The master's own record of the executors it launched, oldest first, as "app-…/N on worker …"
+        (ground truth, where a process watch sees only the processes that got as far as starting)."""
+        log = self.work_dirs[0].parent / "master.log"
+        return re.findall(r"Launching executor (\S+ on worker \S+)", log.read_text()) if log.exists() else []
+
+    def master_executor_log(self) -> str:
+        """The master's log lines about executors (launches, removals and why), for a failure's message."""
+        log = self.work_dirs[0].parent / "master.log"
+        return "\n".join(line for line in log.read_text().splitlines() if "xecutor" in line) if log.exists() else ""
 
     def executor_logs(self) -> list[Path]:
         """Every file an executor wrote under the workers' work dirs (stdout, stderr), archive excluded."""
@@ -194,6 +206,7 @@ class ProcessWatch:
         self.interval_s = interval_s
         self.executors: dict[tuple[int, int], SeenProcess] = {}  # by (pid, start time)
         self.python_workers: dict[tuple[int, int], SeenProcess] = {}
+        self._lock = threading.Lock()  # of_cluster reads from another thread while _run adds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -224,14 +237,17 @@ class ProcessWatch:
                 except OSError:
                     continue
                 environ = dict(item.decode(errors="replace").partition("=")[::2] for item in raw if b"=" in item)
-                target[key] = SeenProcess(pid, key[1], int(stat[1]), argv, cwd, environ)
+                with self._lock:
+                    target[key] = SeenProcess(pid, key[1], int(stat[1]), argv, cwd, environ)
             self._stop.wait(self.interval_s)
 
     def of_cluster(self, cluster: StandaloneCluster) -> tuple[list[SeenProcess], list[SeenProcess]]:
         """The executors launched by ``cluster``'s workers and their Python workers (other Spark
         processes on the machine are not descendants of them)."""
         roots = [str(d) for d in cluster.work_dirs]
-        seen = [p for p in self.executors.values() if any(p.cwd.startswith(r) for r in roots)]
+        with self._lock:
+            all_executors, all_python_workers = list(self.executors.values()), list(self.python_workers.values())
+        seen = [p for p in all_executors if any(p.cwd.startswith(r) for r in roots)]
         # A JVM's child caught between its spawn and its exec still shows the JVM's command line: an executor's
         # Python daemon, seen that early, looks like an executor whose parent is one.
         ours = {p.pid for p in seen}
@@ -239,7 +255,7 @@ class ProcessWatch:
         workers: list[SeenProcess] = []
         grew = True
         while grew:  # pyspark.daemon is a child of the executor JVM, the forked workers are children of the daemon
-            found = [p for p in self.python_workers.values() if p.parent in ours and p.pid not in ours]
+            found = [p for p in all_python_workers if p.parent in ours and p.pid not in ours]
             workers += found
             ours |= {p.pid for p in found}
             grew = bool(found)

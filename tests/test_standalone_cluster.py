@@ -102,9 +102,8 @@ def _a_later_report_is_out(server) -> bool:
 def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], server, watch: ProcessWatch):
     """Run the index job; while a community report's call is out, hold the server's answers and SIGKILL every
     executor JVM: the task calling is lost with the follow-ups it was handed, and so is the shuffle output its
-    stage read, so its retry runs in a resubmitted stage. Answers stay held until the master has launched two
-    replacements, so that nothing ends first. Returns the finished job and the killed processes as (pid, start
-    time)."""
+    stage read, so its retry runs in a resubmitted stage. Answers stay held until a replacement executor runs, so
+    that nothing ends first. Returns the finished job and the killed processes as (pid, start time)."""
     stdout, stderr = tmp / "index.out", tmp / "index.err"
     with open(stdout, "w") as out, open(stderr, "w") as err:
         job = track(subprocess.Popen(_command(cluster, archive, tmp, "index.py", args), stdout=out, stderr=err,
@@ -121,9 +120,9 @@ def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], s
                             killed = _kill_every_executor(watch.of_cluster(cluster)[0])
                             given_up = time.monotonic() + REPLACEMENT_TIMEOUT_S
                             # Not the killed ones: a JVM takes a moment to die, and still looks alive meanwhile.
-                            while time.monotonic() < given_up and sum(
+                            while time.monotonic() < given_up and not any(
                                     (p.pid, p.started_at) not in killed and _alive(p.pid, p.started_at)
-                                    for p in watch.of_cluster(cluster)[0]) < 2:
+                                    for p in watch.of_cluster(cluster)[0]):
                                 time.sleep(0.2)
                 time.sleep(0.1)
         finally:
@@ -216,7 +215,12 @@ def test_index_and_query_jobs_run_on_a_standalone_cluster_from_the_shipped_envir
     # Executor loss: both were killed while a report's call was out, the master launched replacements, and the job
     # finished, the calling task's retry handed again the follow-ups it had taken.
     assert len(killed) == 2 and not any(_alive(*k) for k in killed), "every executor was killed mid-stage"
-    assert len(executors) >= 4, "replacement executors were launched"
+    # At least one replacement: the job needs one to finish. How many the master launches, and when, is its own
+    # business (a CI run once saw one replacement only); its log goes into the message.
+    launches = cluster.executor_launches()
+    index_app = launches[0].split("/")[0]
+    assert sum(launch.startswith(f"{index_app}/") for launch in launches) > len(killed), cluster.master_executor_log()
+    assert len(executors) > len(killed), f"the replacement was seen running:\n{cluster.master_executor_log()}"
     assert _resubmitted_stages(events), "the lost tasks' retries ran in resubmitted stages (their shuffle input lost)"
     assert python_workers, "no Python worker was seen in an executor"
     for worker in python_workers:
