@@ -207,7 +207,7 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     waits = [budget.reserve(10) for _ in range(100)]  # 100 callers at once, e.g. 50 tasks x 2
     assert waits[0] == 0 and waits == sorted(waits)
     assert waits[-1] == pytest.approx(99 / 10.0, abs=0.11), "10 requests/s, one after the other"
-    tokens = JobBudget(10**6, 6000, headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
+    tokens = JobBudget(10**6, 6000, headroom=1.0, token_headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
     assert tokens.reserve(50) == 0 and tokens.reserve(100) == pytest.approx(0.5, abs=0.01)  # 100 tokens/s
     # Little's law: 10 calls/s at 10 s each keep 100 in flight (twice that with the margin for the
     # items waiting at the budget, plus 2 s of calls for the items' own work); 1 s keeps ~40.
@@ -482,3 +482,33 @@ def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
     finally:
         for coordinator in (fed, alone):
             coordinator.close()
+
+
+def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and_the_window_follows_tokens(tmp_path):
+    """A tokens/min limit that binds: a task calls one item at a time until the model's first answer, a
+    reservation charges the prompt and the completion expected of its kind (at most its max_tokens), the
+    answer settles the difference, and the in-flight target follows the request rate tokens/min allows."""
+    from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
+    from graphrag_spark.llm.throttle import JobBudget, in_flight_target
+
+    model = ModelBudget(JobBudget(10_000, 120_000), 10_000, threading.Lock(), latency_s=1.0)
+    stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
+    try:
+        assert stage.window() == 1, "before the first answer, a call's completion is unknown"
+        assert stage.acquire(1500, 0, [], [], [])["charged"] == 1500
+        assert stage.window() == 1
+        # The first answer: 500 completion tokens of an extraction. Each call is 2,000 tokens: 60 a minute.
+        answer = stage.acquire(1500, 500, [], [1.0], [["extract", 500]], "extract", 4000)
+        assert answer["charged"] == 2000
+        assert answer["window"] == in_flight_target(60, 1.0, 256) < in_flight_target(10_000, 1.0, 256)
+        assert stage.acquire(1500, 0, [], [], [], "extract", 100)["charged"] == 1600, "capped by max_tokens"
+        assert stage.acquire(1500, 0, [], [], [], "glean", 4000)["charged"] == 1500, "a kind not answered yet"
+    finally:
+        stage.close()
+    # Where tokens/min cannot bind at requests/min, nothing waits for a first answer.
+    roomy = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0), 256,
+                        tmp_path / "roomy.jsonl")
+    try:
+        assert roomy.window() == in_flight_target(120, 1.0, 256)
+    finally:
+        roomy.close()

@@ -252,7 +252,9 @@ class LlmClient:
         async def call() -> Any:
             return await self._openai.chat.completions.create(model=self.cfg.model, messages=messages, **params)
 
-        response, outcome = await self._with_retries(call, estimate, f"{stage or 'chat'}:{item_id}")
+        kind = stage or "chat"
+        response, outcome, charged = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind,
+                                                              params["max_tokens"])
         result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
         if response is not None:
             choice = response.choices[0]
@@ -261,7 +263,7 @@ class LlmClient:
             usage = response.usage
             result.prompt_tokens = usage.prompt_tokens if usage else estimate
             result.completion_tokens = usage.completion_tokens if usage else count_tokens(result.text)
-            self._limiter.settle(estimate, result.prompt_tokens + result.completion_tokens)
+            self._limiter.settle(charged, result.prompt_tokens, result.completion_tokens, kind)
         return result
 
     async def embed(self, texts: list[str], *, item_id: str | None = None) -> EmbedResult:
@@ -274,17 +276,20 @@ class LlmClient:
         async def call() -> Any:
             return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float", **extra)
 
-        response, outcome = await self._with_retries(call, estimate, f"embed:{item_id}")
+        response, outcome, charged = await self._with_retries(call, estimate, f"embed:{item_id}", "embed", None)
         result = EmbedResult(cache_key=key, **outcome)
         if response is not None:
             result.vectors = [list(d.embedding) for d in sorted(response.data, key=lambda d: d.index)]
             result.prompt_tokens = response.usage.prompt_tokens if response.usage else estimate
-            self._limiter.settle(estimate, result.prompt_tokens)
+            self._limiter.settle(charged, result.prompt_tokens, 0, "embed")
         return result
 
-    async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str) -> tuple[T | None, dict]:
-        """``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for
-        a slot, the rate budget or a retry's backoff: the two are reported separately."""
+    async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str, kind: str,
+                            max_tokens: int | None) -> tuple[T | None, dict, int]:
+        """The response (None after the last failure), the outcome, and the tokens the last attempt's
+        reservation charged (``estimate`` and the completion expected of a call of ``kind``). ``latency_s`` is the time the endpoint
+        took (every attempt), ``queue_s`` the time spent waiting for a slot, the rate budget or a retry's
+        backoff: the two are reported separately."""
         started = time.monotonic()
         service = 0.0
         n_429 = 0
@@ -298,13 +303,13 @@ class LlmClient:
             sent = None
             try:
                 async with self._slots:
-                    await self._limiter.acquire(estimate)
+                    charged = await self._limiter.acquire(estimate, kind, max_tokens)
                     sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
                         response = await call()
                 service += time.monotonic() - sent
                 self._limiter.observe_latency(time.monotonic() - sent)
-                return response, dict(attempts=attempt, n_429=n_429, error=None, **timing())
+                return response, dict(attempts=attempt, n_429=n_429, error=None, **timing()), charged
             except (openai.OpenAIError, TimeoutError) as exc:  # API failures end as an error result, bugs still raise
                 if sent is not None:
                     service += time.monotonic() - sent
@@ -316,7 +321,7 @@ class LlmClient:
                 if not retryable or attempt > self.cfg.max_retries:
                     error = self._describe(exc, attempt)
                     log.warning("LLM call %s failed: %s", label, error)
-                    return None, dict(attempts=attempt, n_429=n_429, error=error, **timing())
+                    return None, dict(attempts=attempt, n_429=n_429, error=error, **timing()), 0
                 delay = backoff_seconds(attempt, retry_after, self._rng)
                 log.debug("LLM call %s attempt %d: %s; retrying in %.2fs", label, attempt, type(exc).__name__, delay)
             await asyncio.sleep(delay)

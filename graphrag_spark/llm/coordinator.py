@@ -6,10 +6,11 @@ the OS, a random token in every request) that the stage's tasks talk to:
 
 - ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
   task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
-- ``/acquire`` (estimated tokens, 429s seen, token corrections, service latencies of the
-  task's last calls): the seconds to wait before the call, from the job's ``JobBudget``, and
-  the task's window of items in flight: the job's Little's-law target (limit x observed
-  latency) divided by the tasks running. The budget and the observed latency belong to the
+- ``/acquire`` (prompt tokens, 429s seen, token corrections, service latencies and completion
+  tokens of the task's last calls): the seconds to wait before the call, from the job's ``JobBudget``,
+  the tokens charged (the prompt and the completion expected, ``CallTokens``), and the task's window
+  of items in flight: the job's Little's-law target (the binding limit, requests/min or tokens/min at
+  the mean call's size, x observed latency) divided by the tasks running. The budget and the observed latency belong to the
   model (``shared_budget``), not to the stage: stages that overlap share one budget, and a stage
   that starts after another starts at the latency already observed, not at a guess. A fed stage
   (the reports, fed by the summaries) takes only the part of that target the model's other open
@@ -51,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from graphrag_spark.llm.throttle import JobBudget, in_flight_target
+from graphrag_spark.llm.throttle import CallTokens, JobBudget, in_flight_target
 
 _LATENCY_SMOOTHING = 0.2
 _REQUEST_TIMEOUT_S = 60.0
@@ -59,6 +60,8 @@ _SHUTDOWN_POLL_S = 0.02
 # Before any call of a model returned: a guess on the high side. Too large a window only queues
 # calls at the budget (which sets the rate); too small a one starves it until the first answer.
 _INITIAL_LATENCY_S = 5.0
+# Before any call of a model: the prompt size that decides whether its tokens/min may bind (``probing``).
+_TYPICAL_PROMPT_TOKENS = 2000
 
 
 @dataclass
@@ -70,6 +73,18 @@ class ModelBudget:
     lock: threading.Lock
     latency_s: float | None = None
     open_stages: list = field(default_factory=list)  # the open ``Coordinator``s calling this model
+    call_tokens: CallTokens = field(default_factory=CallTokens)
+
+    def calls_per_minute(self) -> float:
+        """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
+        return min(self.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
+
+    def probing(self) -> bool:
+        """Before the model's first answer, where its tokens/min may bind: the size of a completion is not
+        known yet, and calls reserved at their prompt's size alone would overrun the provider's window by
+        their completions, so a task calls one item at a time until the first answer says."""
+        return self.call_tokens.completion is None and self.call_tokens.calls_per_minute(
+            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS) < self.requests_per_minute
 
     def unfed_outstanding(self) -> int:
         """Items not yet returned of the open stages that are not fed: the calls a fed stage yields to."""
@@ -253,7 +268,8 @@ class Coordinator:
         routes = {"start": lambda b: self.start(b["keys"], b["partition"]),
                   "finish": lambda b: self.finish(b["partition"]),
                   "acquire": lambda b: self.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
-                                                    b.get("latencies", [])),
+                                                    b.get("latencies", []), b.get("completions", []),
+                                                    b.get("kind", ""), b.get("max_tokens")),
                   "result": lambda b: self.result(b["row"]),
                   "more": lambda b: self.more(b["partition"], b["attempt"])}
         self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
@@ -275,8 +291,10 @@ class Coordinator:
     def window(self) -> int:
         """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
         model = self._model
+        if model.probing():
+            return 1
         latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
-        total = in_flight_target(model.requests_per_minute * model.budget.factor(), latency, self._max_in_flight)
+        total = in_flight_target(model.calls_per_minute() * model.budget.factor(), latency, self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())
         sharing = max(len(self._running), self._tasks - len(self._finished))
@@ -294,16 +312,21 @@ class Coordinator:
             self._finished.add(partition)
         return {}
 
-    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None], latencies: list[float]) -> dict:
+    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None], latencies: list[float],
+                completions: list[list], kind: str = "", max_tokens: int | None = None) -> dict:
         model = self._model
         with model.lock:
             model.observe(latencies)
+            for completion_kind, completion in completions:
+                model.call_tokens.observe_completion(completion, completion_kind)
             model.budget.settle(settle)
             for retry_after in rate_limited:
                 model.budget.on_rate_limited(retry_after)
-            wait = model.budget.reserve(tokens)
+            model.call_tokens.observe_prompt(tokens)
+            charged = tokens + model.call_tokens.expected_completion(kind, max_tokens)
+            wait = model.budget.reserve(charged)
         with self._lock:
-            return {"wait": wait, "window": self.window()}
+            return {"wait": wait, "charged": charged, "window": self.window()}
 
     def result(self, row: dict) -> dict:
         with self._lock:
@@ -411,22 +434,27 @@ class RemoteBudget:
         self._settle = 0
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
+        self._completions: list[list] = []  # [kind, completion tokens] of the calls answered since the last acquire
 
     async def post(self, route: str, body: dict) -> dict:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
 
-    async def acquire(self, tokens: int) -> None:
+    async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
         settle, self._settle = self._settle, 0
         rate_limited, self._rate_limited = self._rate_limited, []
         latencies, self._latencies = self._latencies, []
+        completions, self._completions = self._completions, []
         answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited,
-                                             "latencies": latencies})
+                                             "latencies": latencies, "completions": completions, "kind": kind,
+                                             "max_tokens": max_tokens})
         self.window = answer["window"]
         if answer["wait"] > 0:
             await asyncio.sleep(answer["wait"])
+        return answer["charged"]
 
-    def settle(self, estimated: int, actual: int) -> None:
-        self._settle += actual - estimated
+    def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
+        self._settle += prompt + completion - charged
+        self._completions.append([kind, completion])
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         self._rate_limited.append(retry_after_s)

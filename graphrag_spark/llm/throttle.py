@@ -24,6 +24,54 @@ import time
 from collections.abc import Callable
 
 
+_TOKENS_SMOOTHING = 0.1
+
+
+class CallTokens:
+    """Running means of a model's prompt and completion tokens per call, the completion's also per kind
+    of call (a first extraction answers at length, a gleaning check in one token).
+
+    A provider's tokens/min window counts a call's completion when it is sent, but the completion is
+    known only once the answer is back. Charging only the prompt would run every call reserved ahead
+    of the answers (the whole in-flight window) over the limit by its completion; so a reservation
+    also charges the completion expected from the calls of its kind answered so far (at most its
+    ``max_tokens``), and the answer settles the difference."""
+
+    def __init__(self) -> None:
+        self.prompt: float | None = None
+        self.completion: float | None = None
+        self._completion_by_kind: dict[str, float] = {}
+        self._seen: dict[str, int] = {}
+
+    def _smoothed(self, name: str, mean: float | None, value: float) -> float:
+        """The plain mean of the first calls (a first answer far from the rest is not kept for long), then a
+        moving one."""
+        self._seen[name] = self._seen.get(name, 0) + 1
+        weight = max(_TOKENS_SMOOTHING, 1.0 / self._seen[name])
+        return value if mean is None else (1 - weight) * mean + weight * value
+
+    def observe_prompt(self, tokens: int) -> None:
+        self.prompt = self._smoothed("prompt", self.prompt, tokens)
+
+    def observe_completion(self, tokens: int, kind: str = "") -> None:
+        self.completion = self._smoothed("completion", self.completion, tokens)
+        self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
+                                                        tokens)
+
+    def expected_completion(self, kind: str = "", max_tokens: int | None = None) -> int:
+        # A kind not answered yet expects nothing: the model's mean (a first extraction's, say) charged to
+        # every gleaning in flight before the first one answered was refunded at once, and a refund overruns
+        # the windows that start after the call as much as an underestimate does the ones that hold it.
+        expected = self._completion_by_kind.get(kind, 0.0)
+        return round(min(expected, max_tokens) if max_tokens else expected)
+
+    def calls_per_minute(self, tokens_per_minute: float, unknown_prompt: float = 0.0) -> float:
+        """The request rate that ``tokens_per_minute`` allows at the mean call's size (a prompt of
+        ``unknown_prompt`` tokens before any call; inf at 0)."""
+        per_call = (self.prompt or unknown_prompt) + (self.completion or 0.0)
+        return tokens_per_minute / per_call if per_call > 0 else math.inf
+
+
 class RateLimiter:
     def __init__(
         self,
@@ -53,6 +101,7 @@ class RateLimiter:
         self._paused_until = now
         self._factor_base = 1.0
         self._decreased_at = now - recovery_s
+        self._call_tokens = CallTokens()
 
     def factor(self) -> float:
         """Current share of the nominal rate (1.0 = no 429 lately)."""
@@ -76,12 +125,15 @@ class RateLimiter:
         self._requests = min(self._request_capacity(factor), self._requests + elapsed * self._request_rate * factor)
         self._tokens = min(self._token_capacity(factor), self._tokens + elapsed * self._token_rate * factor)
 
-    async def acquire(self, tokens: int) -> None:
-        """Wait until one request of about ``tokens`` tokens fits the budget, then charge it.
+    async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
+        """Wait until one request of ``tokens`` prompt tokens and the completion expected fits the budget,
+        then charge it; returns the tokens charged (what ``settle`` corrects).
 
         A request larger than the token bucket waits for a full bucket and leaves it in
         debt, which delays the next callers: the long-run rate stays exact.
         """
+        self._call_tokens.observe_prompt(tokens)
+        tokens += self._call_tokens.expected_completion(kind, max_tokens)
         async with self._lock:  # FIFO: callers are served in arrival order
             while True:
                 now = self._clock()
@@ -96,12 +148,13 @@ class RateLimiter:
                 if wait <= 0:
                     self._requests -= 1.0
                     self._tokens -= tokens
-                    return
+                    return tokens
                 await asyncio.sleep(wait)
 
-    def settle(self, estimated: int, actual: int) -> None:
-        """Charge the difference between the estimate paid in ``acquire`` and the tokens really used."""
-        self._tokens -= actual - estimated
+    def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
+        """Charge the difference between what ``acquire`` charged and the tokens the call really used."""
+        self._call_tokens.observe_completion(completion, kind)
+        self._tokens -= prompt + completion - charged
 
     def observe_latency(self, latency_s: float) -> None:
         """A call's service time: nothing to do here (a task-local limiter does not size concurrency)."""
@@ -144,14 +197,19 @@ class JobBudget:
     and 0.985 of the limit make that 0.989 of it, and leave about half a second of send jitter before
     a 429 (a second's burst at 0.97 left 0.8 s, and gave away 3% of every limit). A burst only follows
     idle budget, so its size never sets the sustained rate.
+
+    Tokens aim lower (``token_headroom``): a call's tokens are an estimate until its answer settles them a
+    latency later, so a window's edges hold the errors of the calls just sent, one way, and the refunds of
+    calls sent just before it, the other; at 0.985 those made a few 429s a stage at a tokens/min limit.
     """
 
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, *, headroom: float = 0.985,
-                 burst_s: float = 0.25, min_factor: float = 0.05, recovery_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 token_headroom: float = 0.97, burst_s: float = 0.25, min_factor: float = 0.05,
+                 recovery_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
         self._request_rate = requests_per_minute * headroom / 60.0
-        self._token_rate = tokens_per_minute * headroom / 60.0
+        self._token_rate = tokens_per_minute * token_headroom / 60.0
         self._burst_s = burst_s
         self._min_factor = min_factor
         self._recovery_s = recovery_s
