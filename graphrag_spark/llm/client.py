@@ -287,9 +287,9 @@ class LlmClient:
     async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str, kind: str,
                             max_tokens: int | None) -> tuple[T | None, dict, int]:
         """The response (None after the last failure), the outcome, and the tokens the last attempt's
-        reservation charged (``estimate`` and the completion expected of a call of ``kind``). ``latency_s`` is the time the endpoint
-        took (every attempt), ``queue_s`` the time spent waiting for a slot, the rate budget or a retry's
-        backoff: the two are reported separately."""
+        reservation charged (``estimate`` and the completion expected of a call of ``kind``). ``latency_s``
+        is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a slot, the
+        rate budget or a retry's backoff: the two are reported separately."""
         started = time.monotonic()
         service = 0.0
         n_429 = 0

@@ -10,9 +10,10 @@ the OS, a random token in every request) that the stage's tasks talk to:
   tokens of the task's last calls): the seconds to wait before the call, from the job's ``JobBudget``,
   the tokens charged (the prompt and the completion expected, ``CallTokens``), and the task's window
   of items in flight: the job's Little's-law target (the binding limit, requests/min or tokens/min at
-  the mean call's size, x observed latency) divided by the tasks running. The budget and the observed latency belong to the
-  model (``shared_budget``), not to the stage: stages that overlap share one budget, and a stage
-  that starts after another starts at the latency already observed, not at a guess. A fed stage
+  the mean call's size, x observed latency) divided by the tasks running. The budget and the
+  observed latency belong to the model (``shared_budget``), not to the stage: stages that overlap
+  share one budget, and a stage that starts after another starts at the latency already observed,
+  not at a guess. A fed stage
   (the reports, fed by the summaries) takes only the part of that target the model's other open
   stages leave: what feeds it ends first, so its own items are ready sooner, and the work that
   waits on the feeding stage alone (the entity embeddings wait on the summaries) leaves the run's tail.
