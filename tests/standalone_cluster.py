@@ -78,16 +78,18 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         return int(self.master_status().get("aliveworkers", 0))
 
+    def _master_log(self) -> str:
+        log = self.work_dirs[0].parent / "master.log"
+        return log.read_text() if log.exists() else ""
+
     def executor_launches(self) -> list[str]:
         """The master's own record of the executors it launched, oldest first, as "app-…/N on worker …"
         (ground truth, where a process watch sees only the processes that got as far as starting)."""
-        log = self.work_dirs[0].parent / "master.log"
-        return re.findall(r"Launching executor (\S+ on worker \S+)", log.read_text()) if log.exists() else []
+        return re.findall(r"Launching executor (\S+ on worker \S+)", self._master_log())
 
     def master_executor_log(self) -> str:
         """The master's log lines about executors (launches, removals and why), for a failure's message."""
-        log = self.work_dirs[0].parent / "master.log"
-        return "\n".join(line for line in log.read_text().splitlines() if "xecutor" in line) if log.exists() else ""
+        return "\n".join(line for line in self._master_log().splitlines() if "xecutor" in line)
 
     def executor_logs(self) -> list[Path]:
         """Every file an executor wrote under the workers' work dirs (stdout, stderr), archive excluded."""
