@@ -209,13 +209,16 @@ def test_budget_reservations_hold_the_rate_for_any_number_of_callers():
     assert waits[-1] == pytest.approx(99 / 10.0, abs=0.11), "10 requests/s, one after the other"
     tokens = JobBudget(10**6, 6000, headroom=1.0, token_headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
     assert tokens.reserve(50) == 0 and tokens.reserve(100) == pytest.approx(0.5, abs=0.01)  # 100 tokens/s
-    # An overestimate's refund comes back at 1% of the rate, not at once; an underestimate is charged at once.
+    # An overestimate's refund comes back at 1% of the rate, not at once; an underestimate is charged at once,
+    # paid first from the refunds not given back yet.
     tokens.settle(-100)
     assert tokens.reserve(100) == pytest.approx(1.5, abs=0.01)
     now["t"] = 1.0
     assert tokens.reserve(0) == pytest.approx(0.5 - 0.01, abs=0.001)
     tokens.settle(100)
-    assert tokens.reserve(0) == pytest.approx(1.5 - 0.01, abs=0.001)
+    assert tokens.reserve(0) == pytest.approx(0.5, abs=0.001), "99 of the 100 came from the refund held back"
+    tokens.settle(100)
+    assert tokens.reserve(0) == pytest.approx(1.5, abs=0.001)
     # Little's law: 10 calls/s at 10 s each keep 100 in flight (twice that with the margin for the
     # items waiting at the budget, plus 2 s of calls for the items' own work); 1 s keeps ~40.
     assert in_flight_target(600, 10.0, 1000) == 221 and in_flight_target(600, 1.0, 1000) == 41
@@ -519,3 +522,40 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
         assert roomy.window() == in_flight_target(120, 1.0, 256)
     finally:
         roomy.close()
+
+
+def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(tmp_path, monkeypatch):
+    """While a tokens/min limit may bind, a task calls one item at a time until the model's first answer; the
+    answer widens the window at the item's next call, and the task's other items start then, not once that
+    item's last call (a latency later) has returned."""
+    import asyncio
+
+    from graphrag_spark.config import LlmModelConfig
+    from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
+    from graphrag_spark.llm.stage import _run_task
+    from graphrag_spark.llm.throttle import JobBudget
+
+    monkeypatch.setenv("GRAPHRAG_TEST_KEY", "test-key")
+    events: list[tuple[str, str]] = []
+
+    async def two_calls(client, record) -> LlmWork:
+        events.append(("start", record["item_id"]))
+        calls = [await client.chat([{"role": "user", "content": f"{record['item_id']} {turn}"}], item_id=record["item_id"],
+                                   stage=f"turn{turn}") for turn in (1, 2)]
+        events.append(("end", record["item_id"]))
+        return LlmWork("done", calls)
+
+    model = ModelBudget(JobBudget(10_000, 600_000), 10_000, threading.Lock())
+    with start_server(latency_s=0.5) as server:
+        stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
+        try:
+            records = [{"item_key": f"k{i}", "item_id": f"i{i}"} for i in range(4)]
+            cfg = LlmModelConfig(model="local-model", api_base=server.base_url, api_key_env="GRAPHRAG_TEST_KEY")
+            asyncio.run(_run_task(records, stage.url, two_calls, cfg,
+                                  lambda record, work: {"item_key": record["item_key"], "item_id": record["item_id"]}))
+        finally:
+            stage.close()
+    assert stage.returned() == 4
+    first_end = events.index(("end", "i0"))
+    assert events[:2] == [("start", "i0"), ("start", "i1")], "probing: the second item waits for the first answer"
+    assert {("start", "i2"), ("start", "i3")} <= set(events[:first_end]), "the wider window started them at once"

@@ -427,11 +427,13 @@ def post_json(url: str, body: dict) -> dict:
 
 class RemoteBudget:
     """The task's side of ``/acquire``: the ``RateLimiter`` interface that ``LlmClient`` uses, backed by
-    the coordinator. Token corrections and 429s ride along with the next reservation."""
+    the coordinator. Token corrections and 429s ride along with the next reservation. Made in the task's
+    event loop (``widened``)."""
 
     def __init__(self, url: str, window: int) -> None:
         self._url = url
         self.window = window
+        self._wider = asyncio.Event()
         self._settle = 0
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
@@ -448,10 +450,17 @@ class RemoteBudget:
         answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited,
                                              "latencies": latencies, "completions": completions, "kind": kind,
                                              "max_tokens": max_tokens})
+        if answer["window"] > self.window:
+            self._wider.set()
         self.window = answer["window"]
         if answer["wait"] > 0:
             await asyncio.sleep(answer["wait"])
         return answer["charged"]
+
+    async def widened(self) -> None:
+        """Returns once an answer to ``/acquire`` gave a wider window than the one before."""
+        await self._wider.wait()
+        self._wider.clear()
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
         self._settle += prompt + completion - charged

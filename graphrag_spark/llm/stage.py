@@ -167,6 +167,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
         return asyncio.create_task(budget.post("more", {"partition": partition, "attempt": attempt}))
 
     more = ask_more() if started.get("follow_ups") else None
+    widened = None
     try:
         async with LlmClient(model, limiter=budget, concurrency=_UNBOUNDED) as client:
             async def one(record: dict) -> None:
@@ -175,11 +176,16 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
                 works.append(work)
 
             running: set[asyncio.Task] = set()
+            # A wider window (the model's first answer ends a probe; the observed latency grows) starts
+            # items at once, not when one of the items in flight, perhaps several calls long, ends.
+            widened = asyncio.create_task(budget.widened())
             while queue or running or more is not None:
                 while queue and len(running) < budget.window:
                     running.add(asyncio.create_task(one(queue.popleft())))
-                finished, _ = await asyncio.wait(running | ({more} if more is not None else set()),
+                finished, _ = await asyncio.wait(running | {widened} | ({more} if more is not None else set()),
                                                  return_when=asyncio.FIRST_COMPLETED)
+                if widened in finished:
+                    widened = asyncio.create_task(budget.widened())
                 if more in finished:
                     answer = more.result()
                     queue.extendleft(reversed(answer["records"]))
@@ -188,8 +194,9 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
                     running.discard(task)
                     task.result()
     finally:
-        if more is not None:
-            more.cancel()
+        for waiting in (more, widened):
+            if waiting is not None:
+                waiting.cancel()
         await budget.post("finish", {"partition": partition})
     return works
 
