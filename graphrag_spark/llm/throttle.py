@@ -255,15 +255,11 @@ class JobBudget:
         """Charge the difference between estimated and used tokens. A refund (negative) comes back slowly
         (``_REFUND_RELEASE`` of the rate): tokens refunded at once are sent again in the windows that no
         longer hold the call they were charged to (at 10 s latency the first answers' overestimates,
-        refunded at once, made five 429s). An underestimate is paid from the refunds not given back yet
-        first: where the estimates' errors cancel, the budget charges what was sent, not the sum of the
-        underestimates."""
+        refunded at once, made five 429s)."""
         if tokens < 0:
             self._refunds -= tokens
         else:
-            offset = min(float(tokens), self._refunds)
-            self._refunds -= offset
-            self._tokens -= tokens - offset
+            self._tokens -= tokens
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         now = self._clock()
