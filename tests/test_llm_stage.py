@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -492,22 +493,24 @@ def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
 
 
 def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and_the_window_follows_tokens(tmp_path):
-    """A tokens/min limit that binds: a task calls one item at a time until the model's first answer, a
+    """A tokens/min limit that binds: the job calls four items at a time until the model's first four answers, a
     reservation charges the prompt and the completion expected of its kind (at most its max_tokens), the
     answer settles the difference, and the in-flight target follows the request rate tokens/min allows."""
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
     model = ModelBudget(JobBudget(10_000, 120_000), 10_000, threading.Lock(), latency_s=1.0)
-    stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
+    stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl", tasks=2)
     try:
-        assert stage.window() == 1, "before the first answer, a call's completion is unknown"
+        assert stage.window() == 2, "before the first answers, a call's completion is unknown: 4 items, 2 tasks"
         assert stage.acquire(1500, 0, [], [], [])["charged"] == 1500
-        assert stage.window() == 1
-        # The first answer: 500 completion tokens of an extraction. Each call is 2,000 tokens: 60 a minute.
-        answer = stage.acquire(1500, 500, [], [1.0], [["extract", 500]], "extract", 4000)
+        answer = stage.acquire(1500, 100, [], [1.0], [["extract", 800], ["extract", 400], ["extract", 400]],
+                               "extract", 4000)
+        assert answer["charged"] == 1500 + 533 and answer["window"] == 2, "three answers: still probing"
+        # The fourth answer: the extractions' mean completion is 500 tokens, each call 2,000 tokens, 60 a minute.
+        answer = stage.acquire(1500, 500, [], [1.0], [["extract", 400]], "extract", 4000)
         assert answer["charged"] == 2000
-        assert answer["window"] == in_flight_target(60, 1.0, 256) < in_flight_target(10_000, 1.0, 256)
+        assert answer["window"] == math.ceil(in_flight_target(60, 1.0, 256) / 2) < in_flight_target(10_000, 1.0, 256) / 2
         assert stage.acquire(1500, 0, [], [], [], "extract", 100)["charged"] == 1600, "capped by max_tokens"
         assert stage.acquire(1500, 0, [], [], [], "glean", 4000)["charged"] == 1500, "a kind not answered yet"
     finally:
@@ -522,9 +525,9 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
 
 
 def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(tmp_path, monkeypatch):
-    """While a tokens/min limit may bind, a task calls one item at a time until the model's first answer; the
-    answer widens the window at the item's next call, and the task's other items start then, not once that
-    item's last call (a latency later) has returned."""
+    """While a tokens/min limit may bind, the job calls four items at a time until the model's first four
+    answers; the last of them widens the window at its item's next call, and the task's other items start
+    then, not once the items in flight (a latency later) have returned."""
     import asyncio
 
     from graphrag_spark.config import LlmModelConfig
@@ -537,22 +540,26 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
 
     async def two_calls(client, record) -> LlmWork:
         events.append(("start", record["item_id"]))
-        calls = [await client.chat([{"role": "user", "content": f"{record['item_id']} {turn}"}], item_id=record["item_id"],
-                                   stage=f"turn{turn}") for turn in (1, 2)]
+        calls = []
+        for turn in (1, 2):
+            calls.append(await client.chat([{"role": "user", "content": f"{record['item_id']} {turn} " + "word " * 1000}],
+                                           item_id=record["item_id"], stage=f"turn{turn}"))
+            events.append((f"answer {turn}", record["item_id"]))
         events.append(("end", record["item_id"]))
         return LlmWork("done", calls)
 
-    model = ModelBudget(JobBudget(10_000, 600_000), 10_000, threading.Lock())
+    model = ModelBudget(JobBudget(10_000, 6_000_000), 10_000, threading.Lock())  # ~5,000 calls/min of 1,000 tokens
     with start_server(latency_s=0.5) as server:
         stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
         try:
-            records = [{"item_key": f"k{i}", "item_id": f"i{i}"} for i in range(4)]
+            records = [{"item_key": f"k{i}", "item_id": f"i{i}"} for i in range(8)]
             cfg = LlmModelConfig(model="local-model", api_base=server.base_url, api_key_env="GRAPHRAG_TEST_KEY")
             asyncio.run(_run_task(records, stage.url, two_calls, cfg,
                                   lambda record, work: {"item_key": record["item_key"], "item_id": record["item_id"]}))
         finally:
             stage.close()
-    assert stage.returned() == 4
-    first_end = events.index(("end", "i0"))
-    assert events[:2] == [("start", "i0"), ("start", "i1")], "probing: the second item waits for the first answer"
-    assert {("start", "i2"), ("start", "i3")} <= set(events[:first_end]), "the wider window started them at once"
+    assert stage.returned() == 8
+    probe_ended = max(events.index(("answer 1", f"i{i}")) for i in range(4))
+    later_starts = [events.index(("start", f"i{i}")) for i in range(4, 8)]
+    assert min(later_starts) > probe_ended, "probing: the fifth item waits for the first four answers"
+    assert max(later_starts) < events.index(("end", "i0")), "the wider window started them at once"

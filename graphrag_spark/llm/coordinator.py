@@ -63,6 +63,10 @@ _SHUTDOWN_POLL_S = 0.02
 _INITIAL_LATENCY_S = 5.0
 # Before any call of a model: the prompt size that decides whether its tokens/min may bind (``probing``).
 _TYPICAL_PROMPT_TOKENS = 2000
+# While probing, the job's items in flight, and the answers that end the probe: their calls are charged at
+# the prompt alone (a few completions over the limit), and their mean prices every call reserved next (one
+# answer, four times the mean, priced the first minute's calls at 10 s latency: 12 s of the budget unsent).
+_PROBE_ITEMS = 4
 
 
 @dataclass
@@ -81,10 +85,10 @@ class ModelBudget:
         return min(self.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
 
     def probing(self) -> bool:
-        """Before the model's first answer, where its tokens/min may bind: the size of a completion is not
+        """Before the model's first answers, where its tokens/min may bind: the size of a completion is not
         known yet, and calls reserved at their prompt's size alone would overrun the provider's window by
-        their completions, so a task calls one item at a time until the first answer says."""
-        return self.call_tokens.completion is None and self.call_tokens.calls_per_minute(
+        their completions, so the job calls ``_PROBE_ITEMS`` items at a time until as many answers say."""
+        return self.call_tokens.completions_seen() < _PROBE_ITEMS and self.call_tokens.calls_per_minute(
             self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS) < self.requests_per_minute
 
     def unfed_outstanding(self) -> int:
@@ -292,14 +296,14 @@ class Coordinator:
     def window(self) -> int:
         """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
         model = self._model
+        sharing = max(1, len(self._running), self._tasks - len(self._finished))
         if model.probing():
-            return 1
+            return max(1, _PROBE_ITEMS // sharing)
         latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
         total = in_flight_target(model.calls_per_minute() * model.budget.factor(), latency, self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())
-        sharing = max(len(self._running), self._tasks - len(self._finished))
-        return max(1, math.ceil(total / max(1, sharing)))
+        return max(1, math.ceil(total / sharing))
 
     def start(self, keys: list[str], partition: int) -> dict:
         with self._lock:

@@ -61,6 +61,9 @@ class CallTokens:
         self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
                                                         tokens)
 
+    def completions_seen(self) -> int:
+        return self._seen.get("completion", 0)
+
     def expected_completion(self, kind: str = "", max_tokens: int | None = None) -> int:
         # A kind not answered yet expects nothing: the model's mean (a first extraction's, say) charged to
         # every gleaning in flight before the first one answered was refunded at once, and a refund overruns
