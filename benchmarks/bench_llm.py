@@ -6,7 +6,8 @@ Prints requests/min sustained while calls were being served (first to last answe
 the server) and over the whole stage (including Spark scheduling and Delta commits), each as a
 share of the limit; wall time against the theoretical minimum (calls / limit); calls per chunk;
 and the 429s received. The server enforces
-the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows up as 429s. ``--tpm`` adds
+the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows up as 429s, and how near
+it came as the fullest window the server saw (``busiest_window_share``). ``--tpm`` adds
 a tokens/min limit (server and job); the shares are then of the limit the run used more of.
 
     python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
@@ -91,6 +92,8 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             "sustained_rpm_during_calls": round(calls / span_s * 60 if span_s else 0.0, 1),
             "sustained_tpm_during_calls": round(tokens / span_s * 60 if span_s else 0.0),
             "sustained_share": round(sustained / limit_per_minute, 3), "server_429s": stats["rate_limited"],
+            # How near a 429 the run came: the fullest sliding window the server saw, as a share of the limit.
+            "busiest_window_share": round(stats["busiest_window"].get(binding.split("/")[0], 0) / limit_per_minute, 3),
             "client_429s_seen": sum(u.n_429 for u in usages), "share_429": round(stats["rate_limited"] / max(1, calls), 4),
             "failures": sum(u.failures for u in usages),
             "service_latency_p50_s": usages[0].latency_p50_s, "service_latency_p95_s": usages[0].latency_p95_s,
@@ -251,7 +254,9 @@ def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, glea
         "chat_stages": per_stage,
         "share_over_llm_stage_wall": round(stage_calls / stage_wall_s * 60 / rpm, 3) if stage_wall_s else 0.0,
         "share_end_to_end": round(chat / wall * 60 / rpm, 3),
-        "server_429s": stats["rate_limited"], "dead_time_s": round(idle, 1), "dead_time_by_running_stages": idle_by_stage,
+        "server_429s": stats["rate_limited"],
+        "busiest_window_share": round(stats["busiest_window"].get("requests", 0) / rpm, 3),
+        "dead_time_s": round(idle, 1), "dead_time_by_running_stages": idle_by_stage,
         "dead_time_no_call_of_any_model_s": round(idle_any, 1),
         "unsent_budget_s_by_running_stages": unsent_budget([a for a, _ in chat_calls], begin, end, stages, rate),
         "non_llm_stages_s": round(non_llm_s, 1),

@@ -293,6 +293,7 @@ def test_request_limit_answers_429_with_retry_after():
         headers = {k.lower(): v for k, v in codes[2][1].items()}
         assert headers["retry-after"] == "1" and 0 < int(headers["retry-after-ms"]) <= 1000
         assert codes[2][2]["error"]["code"] == "rate_limit_exceeded" and handle.stats()["rate_limited"] == 1
+        assert handle.stats()["busiest_window"]["requests"] == 2, "the fullest window: what was admitted"
 
 
 def test_token_limit_answers_429():
@@ -305,6 +306,8 @@ def test_token_limit_answers_429():
             f"{handle.base_url}/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Short."}]}
         )
         assert (first[0], second[0]) == (200, 429)
+        usage = first[2]["usage"]
+        assert handle.stats()["busiest_window"]["tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def test_injected_faults_are_counted():

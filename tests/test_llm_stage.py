@@ -563,3 +563,33 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
     later_starts = [events.index(("start", f"i{i}")) for i in range(4, 8)]
     assert min(later_starts) > probe_ended, "probing: the fifth item waits for the first four answers"
     assert max(later_starts) < events.index(("end", "i0")), "the wider window started them at once"
+
+
+def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
+    """The budget aims below tokens/min by one call and three standard deviations of a minute's summed
+    completion errors: close to the limit where a minute holds many calls, lower where it holds few,
+    and at the default until twenty answers say how far completions stray from their kind's mean."""
+    from graphrag_spark.llm.throttle import CallTokens, JobBudget
+
+    tokens = CallTokens()
+    tokens.observe_prompt(1900)
+    for i in range(19):
+        tokens.observe_completion(300 if i % 2 else 500, "extract")
+    assert tokens.token_headroom(1_000_000) is None, "too few answers"
+    for i in range(200):
+        tokens.observe_completion(300 if i % 2 else 500, "extract")
+    many, few = tokens.token_headroom(1_000_000), tokens.token_headroom(200_000)
+    # Calls of ~2,300 tokens that stray ~100 from their mean: 435 a minute at 1M, 87 at 200k.
+    assert 0.985 == many > few
+    assert few == pytest.approx(1 - (2300 + 3 * 100 * math.sqrt(200_000 / 2300)) / 200_000, abs=0.002)
+    wild = CallTokens()
+    wild.observe_prompt(1900)
+    for i in range(200):
+        wild.observe_completion(0 if i % 2 else 3000, "extract")
+    assert wild.token_headroom(200_000) == 0.80, "at its lower bound"
+
+    now = {"t": 0.0}
+    budget = JobBudget(10**6, 6000, token_headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
+    assert budget.reserve(100) == 0 and budget.reserve(100) == pytest.approx(1.0, abs=0.01)  # 100 tokens/s
+    budget.aim_tokens(0.5)
+    assert budget.reserve(0) == pytest.approx(2.0, abs=0.01), "the debt now repaid at 50 tokens/s"

@@ -324,6 +324,9 @@ class Coordinator:
             model.observe(latencies)
             for completion_kind, completion in completions:
                 model.call_tokens.observe_completion(completion, completion_kind)
+            headroom = model.call_tokens.token_headroom(model.budget.tokens_per_minute) if completions else None
+            if headroom is not None:
+                model.budget.aim_tokens(headroom)
             model.budget.settle(settle)
             for retry_after in rate_limited:
                 model.budget.on_rate_limited(retry_after)

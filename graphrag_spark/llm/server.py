@@ -687,6 +687,7 @@ class _State:
             self.repaid: Counter = Counter()  # per endpoint: answers to a request already answered before
             self.in_progress: dict[int, str] = {}  # client port -> kind, of the requests admitted, not answered
             self.windows: dict[str, deque[tuple[float, int]]] = {}
+            self.busiest: Counter = Counter()  # the most requests and tokens one window held (how near a 429)
             self.served_times: list[float] = []
             self.served_intervals: list[tuple[str, float, float]] = []  # (endpoint, admitted, answered) per served call
 
@@ -726,6 +727,8 @@ class _State:
                         return max(0.001, at + k.window_s - now)
                 return k.window_s
             window.append((now, tokens))
+            self.busiest["requests"] = max(self.busiest["requests"], len(window))
+            self.busiest["tokens"] = max(self.busiest["tokens"], used + tokens)
             return None
 
     def served(self, endpoint: str, kind: str, request_hash: str, prompt_tokens: int, completion_tokens: int,
@@ -749,6 +752,7 @@ class _State:
                 "by_kind": dict(self.by_kind),
                 "injected": {name: c[f"injected.{name}"] for name in ("401", "429", "500", "timeout", "malformed")},
                 "rate_limited": c["rate_limited"],
+                "busiest_window": dict(self.busiest),
                 "unauthorized": c["unauthorized"],
                 "prompt_tokens": c["prompt_tokens"],
                 "completion_tokens": c["completion_tokens"],

@@ -28,6 +28,11 @@ _TOKENS_SMOOTHING = 0.1
 # The share of the token rate at which refunds of overestimates come back: a window sees at most this much
 # of the limit more than it was charged for.
 _REFUND_RELEASE = 0.01
+# The token headroom (``CallTokens.token_headroom``): the answers it waits for, the standard deviations of a
+# minute's summed estimate errors it keeps below the limit, and its bounds.
+_HEADROOM_ANSWERS = 20
+_HEADROOM_DEVIATIONS = 3.0
+_HEADROOM_BOUNDS = (0.80, 0.985)
 
 
 class CallTokens:
@@ -43,6 +48,7 @@ class CallTokens:
     def __init__(self) -> None:
         self.prompt: float | None = None
         self.completion: float | None = None
+        self._error_variance: float | None = None  # of a completion from the mean of its kind before it
         self._completion_by_kind: dict[str, float] = {}
         self._seen: dict[str, int] = {}
 
@@ -58,11 +64,28 @@ class CallTokens:
 
     def observe_completion(self, tokens: int, kind: str = "") -> None:
         self.completion = self._smoothed("completion", self.completion, tokens)
+        expected = self._completion_by_kind.get(kind, 0.0)
+        self._error_variance = self._smoothed("error", self._error_variance, (tokens - expected) ** 2)
         self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
                                                         tokens)
 
     def completions_seen(self) -> int:
         return self._seen.get("completion", 0)
+
+    def token_headroom(self, tokens_per_minute: float) -> float | None:
+        """The share of ``tokens_per_minute`` a budget can aim at (None before ``_HEADROOM_ANSWERS`` answers).
+
+        What a provider's minute sees beyond the budget's rate is one call (the granularity of the sends)
+        and the sum of the minute's estimate errors (the completions differ from their kind's mean; the
+        answers settle them only after the calls were sent): a few standard deviations of that sum, which
+        grows as the square root of the calls a minute holds. A budget of few large calls aims lower than
+        one of many small ones (1M tokens/min of 2,350-token calls: 0.985; 200k: 0.957)."""
+        if self.completions_seen() < _HEADROOM_ANSWERS or not self.prompt:
+            return None
+        call = self.prompt + (self.completion or 0.0)
+        minute_error = _HEADROOM_DEVIATIONS * math.sqrt(self._error_variance * tokens_per_minute / call)
+        low, high = _HEADROOM_BOUNDS
+        return min(high, max(low, 1.0 - (call + minute_error) / tokens_per_minute))
 
     def expected_completion(self, kind: str = "", max_tokens: int | None = None) -> int:
         # A kind not answered yet expects nothing: the model's mean (a first extraction's, say) charged to
@@ -204,10 +227,11 @@ class JobBudget:
     a 429 (a second's burst at 0.97 left 0.8 s, and gave away 3% of every limit). A burst only follows
     idle budget, so its size never sets the sustained rate.
 
-    Tokens aim lower (``token_headroom``): a call's tokens are an estimate until its answer settles them a
-    latency later, so a window's edges hold the errors of the calls just sent, one way, and the refunds of
-    calls sent just before it, the other; at 0.985 those made a few 429s a stage at a tokens/min limit
-    (measured with ``bench_llm.py --tpm``: 0.96 and slow refunds made none at 1 s or 10 s latency).
+    Tokens aim lower (``token_headroom``, then ``aim_tokens``): a call's tokens are an estimate until its
+    answer settles them a latency later, so a window's edges hold the errors of the calls just sent, one
+    way, and the refunds of calls sent just before it, the other; at 0.985 those made a few 429s a stage
+    at a tokens/min limit of 200k (measured with ``bench_llm.py --tpm``: 0.96 and slow refunds made none at
+    1 s or 10 s latency), while at 1M a minute's errors average out and 0.96 left 4% of it unused.
     """
 
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, *, headroom: float = 0.985,
@@ -244,6 +268,11 @@ class JobBudget:
         self._tokens = min(max(1.0, self._token_rate * factor * self._burst_s),
                            self._tokens + elapsed * self._token_rate * factor + released)
         return factor
+
+    def aim_tokens(self, headroom: float) -> None:
+        """Aim at ``headroom`` of tokens/min from now on (``CallTokens.token_headroom``)."""
+        self._refill(self._clock())
+        self._token_rate = self.tokens_per_minute * headroom / 60.0
 
     def reserve(self, tokens: int) -> float:
         """Charge one request of about ``tokens`` tokens; returns the seconds to wait before sending it."""
