@@ -298,7 +298,7 @@ class Coordinator:
         model = self._model
         sharing = max(1, len(self._running), self._tasks - len(self._finished))
         if model.probing():
-            return max(1, _PROBE_ITEMS // sharing)
+            return max(1, min(_PROBE_ITEMS, self._max_in_flight) // sharing)
         latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
         total = in_flight_target(model.calls_per_minute() * model.budget.factor(), latency, self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
@@ -322,8 +322,8 @@ class Coordinator:
         model = self._model
         with model.lock:
             model.observe(latencies)
-            for completion_kind, completion in completions:
-                model.call_tokens.observe_completion(completion, completion_kind)
+            for completion_kind, completion, error in completions:
+                model.call_tokens.observe_completion(completion, completion_kind, error)
             headroom = model.call_tokens.token_headroom(model.budget.tokens_per_minute) if completions else None
             if headroom is not None:
                 model.budget.aim_tokens(headroom)
@@ -444,7 +444,7 @@ class RemoteBudget:
         self._settle = 0
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
-        self._completions: list[list] = []  # [kind, completion tokens] of the calls answered since the last acquire
+        self._completions: list[list] = []  # [kind, completion, error] of the calls answered since the last acquire
 
     async def post(self, route: str, body: dict) -> dict:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
@@ -471,7 +471,7 @@ class RemoteBudget:
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
         self._settle += prompt + completion - charged
-        self._completions.append([kind, completion])
+        self._completions.append([kind, completion, prompt + completion - charged])
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         self._rate_limited.append(retry_after_s)

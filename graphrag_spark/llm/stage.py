@@ -176,7 +176,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
                 works.append(work)
 
             running: set[asyncio.Task] = set()
-            # A wider window (the model's first answer ends a probe; the observed latency grows) starts
+            # A wider window (the model's first answers end a probe; the observed latency grows) starts
             # items at once, not when one of the items in flight, perhaps several calls long, ends.
             widened = asyncio.create_task(budget.widened())
             while queue or running or more is not None:

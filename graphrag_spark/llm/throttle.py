@@ -29,10 +29,11 @@ _TOKENS_SMOOTHING = 0.1
 # of the limit more than it was charged for.
 _REFUND_RELEASE = 0.01
 # The token headroom (``CallTokens.token_headroom``): the answers it waits for, the standard deviations of a
-# minute's summed estimate errors it keeps below the limit, and its bounds.
+# minute's summed estimate errors it keeps below the limit, and its bounds (at 0.985, 1M tokens/min at 10 s
+# latency saw a minute at 0.995 of the limit).
 _HEADROOM_ANSWERS = 20
 _HEADROOM_DEVIATIONS = 3.0
-_HEADROOM_BOUNDS = (0.80, 0.985)
+_HEADROOM_BOUNDS = (0.80, 0.975)
 
 
 class CallTokens:
@@ -48,7 +49,7 @@ class CallTokens:
     def __init__(self) -> None:
         self.prompt: float | None = None
         self.completion: float | None = None
-        self._error_variance: float | None = None  # of a completion from the mean of its kind before it
+        self._squared_error: float | None = None  # mean squared error of a reservation's charge (a bias counts too)
         self._completion_by_kind: dict[str, float] = {}
         self._seen: dict[str, int] = {}
 
@@ -62,10 +63,14 @@ class CallTokens:
     def observe_prompt(self, tokens: int) -> None:
         self.prompt = self._smoothed("prompt", self.prompt, tokens)
 
-    def observe_completion(self, tokens: int, kind: str = "") -> None:
+    def observe_completion(self, tokens: int, kind: str = "", error: float | None = None) -> None:
+        """One answer's completion tokens, and the error of what its reservation charged (used minus charged:
+        the completion's, and the prompt's where the provider counts it otherwise); without one, the
+        completion's distance from its kind's mean before it."""
         self.completion = self._smoothed("completion", self.completion, tokens)
-        expected = self._completion_by_kind.get(kind, 0.0)
-        self._error_variance = self._smoothed("error", self._error_variance, (tokens - expected) ** 2)
+        if error is None:
+            error = tokens - self._completion_by_kind.get(kind, 0.0)
+        self._squared_error = self._smoothed("error", self._squared_error, error**2)
         self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
                                                         tokens)
 
@@ -76,14 +81,14 @@ class CallTokens:
         """The share of ``tokens_per_minute`` a budget can aim at (None before ``_HEADROOM_ANSWERS`` answers).
 
         What a provider's minute sees beyond the budget's rate is one call (the granularity of the sends)
-        and the sum of the minute's estimate errors (the completions differ from their kind's mean; the
-        answers settle them only after the calls were sent): a few standard deviations of that sum, which
+        and the sum of the minute's estimate errors (the answers settle them only after the calls were sent):
+        a few standard deviations of that sum, which
         grows as the square root of the calls a minute holds. A budget of few large calls aims lower than
-        one of many small ones (1M tokens/min of 2,350-token calls: 0.985; 200k: 0.957)."""
+        one of many small ones (2,350-token calls: 0.957 of 200k tokens/min; 1M reaches the upper bound)."""
         if self.completions_seen() < _HEADROOM_ANSWERS or not self.prompt:
             return None
         call = self.prompt + (self.completion or 0.0)
-        minute_error = _HEADROOM_DEVIATIONS * math.sqrt(self._error_variance * tokens_per_minute / call)
+        minute_error = _HEADROOM_DEVIATIONS * math.sqrt(self._squared_error * tokens_per_minute / call)
         low, high = _HEADROOM_BOUNDS
         return min(high, max(low, 1.0 - (call + minute_error) / tokens_per_minute))
 
@@ -182,7 +187,7 @@ class RateLimiter:
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
         """Charge the difference between what ``acquire`` charged and the tokens the call really used."""
-        self._call_tokens.observe_completion(completion, kind)
+        self._call_tokens.observe_completion(completion, kind, prompt + completion - charged)
         self._tokens -= prompt + completion - charged
 
     def observe_latency(self, latency_s: float) -> None:
