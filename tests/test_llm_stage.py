@@ -568,29 +568,29 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
 def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     """The budget aims below tokens/min by one call and three standard deviations of a minute's summed
     completion errors: close to the limit where a minute holds many calls, lower where it holds few,
-    and at the default until twenty answers say how far completions stray from their kind's mean."""
+    and at the default until twenty answers say how far the charges miss."""
     from graphrag_spark.llm.throttle import CallTokens, JobBudget
 
     tokens = CallTokens()
     tokens.observe_prompt(1900)
     for i in range(19):
-        tokens.observe_completion(300 if i % 2 else 500, "extract")
+        tokens.observe_completion(300 if i % 2 else 500, "extract", -100 if i % 2 else 100)
     assert tokens.token_headroom(1_000_000) is None, "too few answers"
     for i in range(200):
-        tokens.observe_completion(300 if i % 2 else 500, "extract")
+        tokens.observe_completion(300 if i % 2 else 500, "extract", -100 if i % 2 else 100)
     many, few = tokens.token_headroom(1_000_000), tokens.token_headroom(200_000)
-    # Calls of ~2,300 tokens that stray ~100 from their mean: 435 a minute at 1M, 87 at 200k.
+    # Calls of ~2,300 tokens charged 100 off either way: 435 a minute at 1M, 87 at 200k.
     assert 0.975 == many > few
-    assert few == pytest.approx(1 - (2300 + 3 * 100 * math.sqrt(200_000 / 2300)) / 200_000, abs=0.002)
+    assert few == pytest.approx(1 - (2300 + 3 * 100 * math.sqrt(200_000 / 2300)) / 200_000, abs=0.001)
     wild = CallTokens()
     wild.observe_prompt(1900)
     for i in range(200):
-        wild.observe_completion(0 if i % 2 else 3000, "extract")
+        wild.observe_completion(0 if i % 2 else 6000, "extract", -3000 if i % 2 else 3000)
     assert wild.token_headroom(200_000) == 0.80, "at its lower bound"
     biased = CallTokens()  # the provider counts each prompt 150 tokens more than the estimate: a bias counts too
     biased.observe_prompt(1900)
     for i in range(200):
-        biased.observe_completion(300 if i % 2 else 500, "extract", error=150 + (-100 if i % 2 else 100))
+        biased.observe_completion(300 if i % 2 else 500, "extract", 150 + (-100 if i % 2 else 100))
     assert biased.token_headroom(200_000) < few
 
     now = {"t": 0.0}

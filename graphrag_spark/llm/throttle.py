@@ -63,13 +63,10 @@ class CallTokens:
     def observe_prompt(self, tokens: int) -> None:
         self.prompt = self._smoothed("prompt", self.prompt, tokens)
 
-    def observe_completion(self, tokens: int, kind: str = "", error: float | None = None) -> None:
+    def observe_completion(self, tokens: int, kind: str, error: float) -> None:
         """One answer's completion tokens, and the error of what its reservation charged (used minus charged:
-        the completion's, and the prompt's where the provider counts it otherwise); without one, the
-        completion's distance from its kind's mean before it."""
+        the completion's, and the prompt's where the provider counts it otherwise)."""
         self.completion = self._smoothed("completion", self.completion, tokens)
-        if error is None:
-            error = tokens - self._completion_by_kind.get(kind, 0.0)
         self._squared_error = self._smoothed("error", self._squared_error, error**2)
         self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
                                                         tokens)
@@ -82,9 +79,9 @@ class CallTokens:
 
         What a provider's minute sees beyond the budget's rate is one call (the granularity of the sends)
         and the sum of the minute's estimate errors (the answers settle them only after the calls were sent):
-        a few standard deviations of that sum, which
-        grows as the square root of the calls a minute holds. A budget of few large calls aims lower than
-        one of many small ones (2,350-token calls: 0.957 of 200k tokens/min; 1M reaches the upper bound)."""
+        a few standard deviations of that sum, which grows as the square root of the calls a minute holds. A
+        budget of few large calls aims lower than one of many small ones (2,350-token calls: 0.957 of 200k
+        tokens/min; 1M reaches the upper bound)."""
         if self.completions_seen() < _HEADROOM_ANSWERS or not self.prompt:
             return None
         call = self.prompt + (self.completion or 0.0)
