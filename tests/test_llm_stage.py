@@ -503,16 +503,16 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
     stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl", tasks=2)
     try:
         assert stage.window() == 2, "before the first answers, a call's completion is unknown: 4 items, 2 tasks"
-        assert stage.acquire(1500, 0, [], [], [])["charged"] == 1500
-        answer = stage.acquire(1500, 100, [], [1.0], [["extract", 800, 800], ["extract", 400, 400], ["extract", 400, 400]],
+        assert stage.acquire(1500, [], [], [])["charged"] == 1500
+        answer = stage.acquire(1500, [], [1.0], [["extract", 800, 800], ["extract", 400, 400], ["extract", 400, 400]],
                                "extract", 4000)
         assert answer["charged"] == 1500 + 533 and answer["window"] == 2, "three answers: still probing"
         # The fourth answer: the extractions' mean completion is 500 tokens, each call 2,000 tokens, 60 a minute.
-        answer = stage.acquire(1500, 500, [], [1.0], [["extract", 400, -133]], "extract", 4000)
+        answer = stage.acquire(1500, [], [1.0], [["extract", 400, -133]], "extract", 4000)
         assert answer["charged"] == 2000
         assert answer["window"] == math.ceil(in_flight_target(60, 1.0, 256) / 2) < in_flight_target(10_000, 1.0, 256) / 2
-        assert stage.acquire(1500, 0, [], [], [], "extract", 100)["charged"] == 1600, "capped by max_tokens"
-        assert stage.acquire(1500, 0, [], [], [], "glean", 4000)["charged"] == 1500, "a kind not answered yet"
+        assert stage.acquire(1500, [], [], [], "extract", 100)["charged"] == 1600, "capped by max_tokens"
+        assert stage.acquire(1500, [], [], [], "glean", 4000)["charged"] == 1500, "a kind not answered yet"
     finally:
         stage.close()
     # Where tokens/min cannot bind at requests/min, nothing waits for a first answer.

@@ -6,8 +6,8 @@ the OS, a random token in every request) that the stage's tasks talk to:
 
 - ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
   task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
-- ``/acquire`` (prompt tokens, 429s seen, token corrections, service latencies and completion
-  tokens of the task's last calls): the seconds to wait before the call, from the job's ``JobBudget``,
+- ``/acquire`` (prompt tokens, 429s seen, service latencies, and the completion tokens and charge
+  errors of the task's last calls): the seconds to wait before the call, from the job's ``JobBudget``,
   the tokens charged (the prompt and the completion expected, ``CallTokens``), and the task's window
   of items in flight: the job's Little's-law target (the binding limit, requests/min or tokens/min at
   the mean call's size, x observed latency) divided by the tasks running. The budget and the
@@ -272,7 +272,7 @@ class Coordinator:
         self.follow_error: BaseException | None = None
         routes = {"start": lambda b: self.start(b["keys"], b["partition"]),
                   "finish": lambda b: self.finish(b["partition"]),
-                  "acquire": lambda b: self.acquire(b["tokens"], b.get("settle", 0), b.get("rate_limited", []),
+                  "acquire": lambda b: self.acquire(b["tokens"], b.get("rate_limited", []),
                                                     b.get("latencies", []), b.get("completions", []),
                                                     b.get("kind", ""), b.get("max_tokens")),
                   "result": lambda b: self.result(b["row"]),
@@ -317,7 +317,7 @@ class Coordinator:
             self._finished.add(partition)
         return {}
 
-    def acquire(self, tokens: int, settle: int, rate_limited: list[float | None], latencies: list[float],
+    def acquire(self, tokens: int, rate_limited: list[float | None], latencies: list[float],
                 completions: list[list], kind: str = "", max_tokens: int | None = None) -> dict:
         model = self._model
         with model.lock:
@@ -327,7 +327,7 @@ class Coordinator:
             headroom = model.call_tokens.token_headroom(model.budget.tokens_per_minute) if completions else None
             if headroom is not None:
                 model.budget.aim_tokens(headroom)
-            model.budget.settle(settle)
+            model.budget.settle(sum(error for _, _, error in completions))
             for retry_after in rate_limited:
                 model.budget.on_rate_limited(retry_after)
             model.call_tokens.observe_prompt(tokens)
@@ -434,14 +434,13 @@ def post_json(url: str, body: dict) -> dict:
 
 class RemoteBudget:
     """The task's side of ``/acquire``: the ``RateLimiter`` interface that ``LlmClient`` uses, backed by
-    the coordinator. Token corrections and 429s ride along with the next reservation. Made in the task's
+    the coordinator. Answers' charge errors and 429s ride along with the next reservation. Made in the task's
     event loop (``widened``)."""
 
     def __init__(self, url: str, window: int) -> None:
         self._url = url
         self.window = window
         self._wider = asyncio.Event()
-        self._settle = 0
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
         self._completions: list[list] = []  # [kind, completion, error] of the calls answered since the last acquire
@@ -450,11 +449,10 @@ class RemoteBudget:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
 
     async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
-        settle, self._settle = self._settle, 0
         rate_limited, self._rate_limited = self._rate_limited, []
         latencies, self._latencies = self._latencies, []
         completions, self._completions = self._completions, []
-        answer = await self.post("acquire", {"tokens": tokens, "settle": settle, "rate_limited": rate_limited,
+        answer = await self.post("acquire", {"tokens": tokens, "rate_limited": rate_limited,
                                              "latencies": latencies, "completions": completions, "kind": kind,
                                              "max_tokens": max_tokens})
         if answer["window"] > self.window:
@@ -470,7 +468,6 @@ class RemoteBudget:
         self._wider.clear()
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
-        self._settle += prompt + completion - charged
         self._completions.append([kind, completion, prompt + completion - charged])
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:

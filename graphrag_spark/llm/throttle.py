@@ -184,8 +184,9 @@ class RateLimiter:
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
         """Charge the difference between what ``acquire`` charged and the tokens the call really used."""
-        self._call_tokens.observe_completion(completion, kind, prompt + completion - charged)
-        self._tokens -= prompt + completion - charged
+        error = prompt + completion - charged
+        self._call_tokens.observe_completion(completion, kind, error)
+        self._tokens -= error
 
     def observe_latency(self, latency_s: float) -> None:
         """A call's service time: nothing to do here (a task-local limiter does not size concurrency)."""
