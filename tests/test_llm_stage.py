@@ -565,6 +565,31 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
     assert max(later_starts) < events.index(("end", "i0")), "the wider window started them at once"
 
 
+def test_a_task_keeps_the_latest_window_when_its_reservations_answer_out_of_order():
+    """A task's reservations run concurrently: the answer computed first (the probe's narrow window) may
+    arrive after the one that widened it, and must not narrow the window back."""
+    import asyncio
+
+    from graphrag_spark.llm.coordinator import RemoteBudget
+
+    async def run() -> RemoteBudget:
+        budget = RemoteBudget("unused", 4)
+        answers = {"third answer": (0.2, {"wait": 0, "charged": 1, "window": 4, "window_number": 3}),
+                   "fourth answer": (0.0, {"wait": 0, "charged": 1, "window": 42, "window_number": 4})}
+
+        async def post(route: str, body: dict) -> dict:
+            delay, answer = answers[body["kind"]]
+            await asyncio.sleep(delay)
+            return answer
+
+        budget.post = post
+        await asyncio.wait_for(asyncio.gather(budget.acquire(1, "third answer"), budget.acquire(1, "fourth answer"),
+                                              budget.widened()), timeout=5)
+        return budget
+
+    assert asyncio.run(run()).window == 42
+
+
 def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     """The budget aims below tokens/min by one call and three standard deviations of a minute's summed
     completion errors: close to the limit where a minute holds many calls, lower where it holds few,

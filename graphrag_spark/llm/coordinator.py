@@ -255,6 +255,9 @@ class Coordinator:
         # must not count as one more task sharing the window.
         self._running: set[int] = set()
         self._finished: set[int] = set()
+        # Numbers each window a task is told: a task's concurrent ``/acquire``s may answer out of order, and
+        # an older, narrower window must not replace a wider one that already started items.
+        self._windows_told = 0
         self.on_result = None  # a callable(row) the stage may set (progress)
         self._journal = Journal(journal)
         # Follow-ups: ``follow(row)`` gives the records a returned row made ready. The stage stays open
@@ -305,10 +308,15 @@ class Coordinator:
             total = max(1, total - model.unfed_outstanding())
         return max(1, math.ceil(total / sharing))
 
+    def _told_window(self) -> dict:
+        """The window, numbered in the order it was computed (called under ``self._lock``)."""
+        self._windows_told += 1
+        return {"window": self.window(), "window_number": self._windows_told}
+
     def start(self, keys: list[str], partition: int) -> dict:
         with self._lock:
             self._running.add(partition)
-            return {"todo": [k for k in keys if k not in self._done], "window": self.window(),
+            return {"todo": [k for k in keys if k not in self._done], **self._told_window(),
                     "follow_ups": self._follow is not None or self.fed}
 
     def finish(self, partition: int) -> dict:
@@ -334,7 +342,7 @@ class Coordinator:
             charged = tokens + model.call_tokens.expected_completion(kind, max_tokens)
             wait = model.budget.reserve(charged)
         with self._lock:
-            return {"wait": wait, "charged": charged, "window": self.window()}
+            return {"wait": wait, "charged": charged, **self._told_window()}
 
     def result(self, row: dict) -> dict:
         with self._lock:
@@ -440,6 +448,7 @@ class RemoteBudget:
     def __init__(self, url: str, window: int) -> None:
         self._url = url
         self.window = window
+        self._window_number = 0
         self._wider = asyncio.Event()
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
@@ -455,12 +464,18 @@ class RemoteBudget:
         answer = await self.post("acquire", {"tokens": tokens, "rate_limited": rate_limited,
                                              "latencies": latencies, "completions": completions, "kind": kind,
                                              "max_tokens": max_tokens})
-        if answer["window"] > self.window:
-            self._wider.set()
-        self.window = answer["window"]
+        self.take_window(answer)
         if answer["wait"] > 0:
             await asyncio.sleep(answer["wait"])
         return answer["charged"]
+
+    def take_window(self, answer: dict) -> None:
+        """The window of a coordinator's answer, unless a later one was already taken."""
+        if answer["window_number"] < self._window_number:
+            return
+        if answer["window"] > self.window:
+            self._wider.set()
+        self.window, self._window_number = answer["window"], answer["window_number"]
 
     async def widened(self) -> None:
         """Returns once an answer to ``/acquire`` gave a wider window than the one before."""

@@ -160,7 +160,8 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
     works: list[LlmWork] = []
     budget = RemoteBudget(url, 1)
     started = await budget.post("start", {"keys": [r["item_key"] for r in records], "partition": partition})
-    todo, budget.window = set(started["todo"]), started["window"]
+    todo = set(started["todo"])
+    budget.take_window(started)
     queue = deque(r for r in records if r["item_key"] in todo)
 
     def ask_more() -> asyncio.Task:
