@@ -13,6 +13,10 @@ a tokens/min limit (server and job); the shares are then of the limit the run us
     python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
         --chunk-size 1200 --rpm 120 --latency 10
 
+``--connect`` runs the extraction through a local Spark Connect server (started here, as the tests
+do): the path Databricks serverless and shared clusters take, with no coordinator, where each task
+throttles to its share of the budget (``RateLimiter``).
+
 ``--index`` runs the whole index instead (LLM extraction with gleanings, claims, summaries, LLM
 reports, endpoint embeddings; each endpoint limited by the server at ``--rpm``, the job
 configured to it) and prints the share of the limit sustained inside the chat LLM stages: while calling (a stage's
@@ -34,8 +38,9 @@ import argparse
 import math
 import os
 import tempfile
+import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -51,19 +56,29 @@ from graphrag_spark.llm.stage import new_run_id  # noqa: E402
 from graphrag_spark.session import build_spark  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
-        tpm: int | None = None) -> dict:
+        tpm: int | None = None, connect: bool = False) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
-    with start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm, seed=1) as server:
+    with ExitStack() as stack:
+        server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
+                                                  seed=1))
+        master = []
+        if connect:
+            from tests.connect_server import connect_server
+
+            url = stack.enter_context(connect_server(REPO / ".cache" / "ivy", Path(root) / "connect_server.log"))
+            master = [f"spark.master={url}"]
         cfg = load_config(REPO / "conf" / "local.yaml", [
             f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", f"chunking.size={chunk_size}",
             f"chunking.overlap={min(100, chunk_size // 6)}", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
             f"llm.chat.tokens_per_minute={tpm or 100_000_000}", "llm.items_per_commit=1000",
-            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"])
+            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *master])
         spark = build_spark(cfg.spark)
+        stack.callback(spark.stop)  # before its Connect server stops: a client left open keeps the process alive
         store = T.TableStore(spark, cfg.storage)
         units = build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking)
         if max_chunks:
@@ -279,6 +294,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
     parser.add_argument("--max-chunks", type=int, default=None)
+    parser.add_argument("--connect", action="store_true", help="extraction through a local Spark Connect server")
     parser.add_argument("--index", action="store_true", help="run the whole index (see the module's docstring)")
     args = parser.parse_args()
     for corpus in args.corpus:
@@ -286,7 +302,7 @@ def main() -> None:
             result = run_index_bench(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings)
             print(f"{corpus} (whole index): " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
             continue
-        result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm)
+        result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect)
         print(f"{corpus}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -7,6 +7,7 @@ here first and takes the Connect-safe path when it must.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -15,8 +16,10 @@ from typing import Callable
 from pyspark import inheritable_thread_target
 from pyspark.sql import SparkSession
 
-# Under Connect with neither setting given (Databricks serverless sizes shuffles itself): tasks per LLM wave.
+# Under Connect with neither setting given (Databricks serverless sizes shuffles itself): the slots assumed.
 CONNECT_FALLBACK_PARALLELISM = 8
+# A task's LLM items are in its Python worker's memory; more items make more tasks, not bigger ones.
+LLM_ITEMS_PER_TASK = 2000
 # pyspark 4 warns on every classic wrap given the function (see ``inheriting``). A filter set once:
 # catch_warnings is not thread-safe, and stages wrap from several threads.
 warnings.filterwarnings("ignore", message="Spark session is not provided", category=UserWarning, module="pyspark")
@@ -38,6 +41,18 @@ def default_parallelism(spark: SparkSession) -> int:
         if value and value.isdigit() and int(value) > 0:
             return int(value)
     return CONNECT_FALLBACK_PARALLELISM
+
+
+def llm_tasks(spark: SparkSession, n_items: int) -> int:
+    """Tasks for a job that calls an LLM endpoint on ``n_items`` items, each task throttling to one over the
+    tasks of the budget. Classic: a task per slot, at most one per item. A Connect client cannot see the
+    slots (it reads a setting: 200 shuffle partitions on a shared cluster), and tasks beyond them would
+    wait while the running ones keep only their share of the budget (four tasks on a two-slot server
+    filled 43% of a tokens/min limit); a task's calls are async, so one task carries the whole budget:
+    there, the fewest tasks the items' memory allows."""
+    if is_connect(spark):
+        return max(1, math.ceil(n_items / LLM_ITEMS_PER_TASK))
+    return max(1, min(n_items, default_parallelism(spark)))
 
 
 def parse_schema(spark: SparkSession, ddl: str):

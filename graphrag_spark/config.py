@@ -193,7 +193,9 @@ class LlmModelConfig(_Section):
     max_tokens: int = Field(4000, gt=0)
     requests_per_minute: int = Field(500, gt=0, description="Whole-job request budget, shared by concurrent tasks.")
     tokens_per_minute: int = Field(200_000, gt=0, description="Whole-job token budget, shared by concurrent tasks.")
-    concurrency: int = Field(8, gt=0, description="In-flight calls per Spark task.")
+    concurrency: int | None = Field(
+        None, gt=0, description="Most calls in flight per Spark task; unset = the task's share of llm.max_in_flight. Below it, a task that throttles itself (Spark Connect, queries) keeps its share of the rate limit x the observed latency in flight (Little's law)."
+    )
     max_retries: int = Field(6, ge=0)
     timeout_s: float = Field(120.0, gt=0, description="Per-call timeout.")
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens (for the cost estimate).")

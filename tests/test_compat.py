@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import (CONNECT_FALLBACK_PARALLELISM, analysis_condition, default_parallelism, in_parallel,
-                                   is_connect)
+from graphrag_spark.compat import (CONNECT_FALLBACK_PARALLELISM, LLM_ITEMS_PER_TASK, analysis_condition,
+                                   default_parallelism, in_parallel, is_connect, llm_tasks)
 from graphrag_spark.config import StorageConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.query.api import GraphRagIndex
@@ -35,6 +35,16 @@ def test_connect_parallelism_comes_from_the_session_conf():
     assert default_parallelism(_connect_like({"spark.sql.shuffle.partitions": "3"})) == 3
     # Databricks serverless: "auto" shuffle partitions, no default parallelism.
     assert default_parallelism(_connect_like({"spark.sql.shuffle.partitions": "auto"})) == CONNECT_FALLBACK_PARALLELISM
+
+
+def test_a_connect_llm_job_runs_the_fewest_tasks_its_items_allow_whatever_the_settings_say(spark):
+    """Each LLM task keeps one over the tasks of the budget: on Connect, where the slots are only a setting
+    (200 shuffle partitions on a shared cluster), tasks beyond them would leave the budget idle."""
+    shared_cluster = _connect_like({"spark.sql.shuffle.partitions": "200"})
+    assert llm_tasks(shared_cluster, 500) == 1
+    assert llm_tasks(shared_cluster, 2 * LLM_ITEMS_PER_TASK + 1) == 3, "bounded in memory by the items per task"
+    assert llm_tasks(spark, 500) == spark.sparkContext.defaultParallelism, "classic: the slots are known"
+    assert llm_tasks(spark, 1) == 1
 
 
 def test_an_error_condition_is_read_from_the_message_where_the_client_gets_only_that():

@@ -259,6 +259,45 @@ def test_rate_limiter_halves_on_429_then_recovers():
     assert limiter.requests_per_minute() == 300
 
 
+def test_a_task_local_limiter_probes_then_keeps_its_share_of_the_rate_times_the_latency_in_flight():
+    """Where tokens/min may bind (here 100 calls of 2,000 tokens a minute, under 600 requests), a task that
+    throttles itself calls its share of four until as many answers say how long a completion is; then its
+    share of the rate x the observed latency (Little's law), at most its bound."""
+    from graphrag_spark.llm.client import task_concurrency
+    from graphrag_spark.llm.throttle import in_flight_target
+
+    async def scenario():
+        limiter = RateLimiter(600, 200_000, share=0.5)
+        windows = [limiter.calls_in_flight(64)]
+        for _ in range(2):
+            charged = await limiter.acquire(1500, "extract")
+            limiter.observe_latency(10.0)
+            limiter.settle(charged, 1500, 500, "extract")
+            windows.append(limiter.calls_in_flight(64))
+        return windows + [limiter.calls_in_flight(4)]
+
+    # Half of 0.95 x 200,000 tokens/min at 2,000 a call: 47.5 calls a minute, 10 s each.
+    assert asyncio.run(scenario()) == [2, 2, in_flight_target(47.5, 10.0, 64), 4]
+    assert in_flight_target(47.5, 10.0, 64) > 8, "more than a fixed eight per task"
+    assert RateLimiter(600, 10**9).calls_in_flight(64) == in_flight_target(570, 5.0, 64), "requests/min binds: no probe"
+    settings = LlmModelConfig().model_dump(exclude={"concurrency"})
+    assert task_concurrency(LlmModelConfig(**settings), 256, 0.25) == 64, "unset: the task's share of llm.max_in_flight"
+    assert task_concurrency(LlmModelConfig(**settings, concurrency=16), 256, 0.25) == 16
+
+
+def test_a_task_local_client_calls_four_until_the_first_answers_then_widens():
+    long = [ChatRequest(messages=[{"role": "user", "content": f"{i} " + "word " * 1000}], item_id=str(i), stage="test")
+            for i in range(40)]
+    with start_server(latency_s=0.5) as server:
+        # Prompts of ~1,000 tokens: 3M tokens/min allows ~2,850 a minute, under the 6,000 requests: it may bind.
+        run_batch(long, model_cfg(server, requests_per_minute=6000, tokens_per_minute=3_000_000), concurrency=32)
+        served = server.served_intervals("chat")
+    first_answer = min(answered for _, answered in served)
+    assert sum(admitted < first_answer for admitted, _ in served) == 4, "the probe"
+    peak = max(sum(admitted <= t < answered for admitted, answered in served) for t, _ in served)
+    assert 12 <= peak <= 32, "then the rate x the latency, at most the bound"
+
+
 def test_rate_limiter_pause_delays_the_next_call():
     async def scenario():
         limiter = RateLimiter(60_000, 1_000_000)

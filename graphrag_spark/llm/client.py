@@ -20,6 +20,7 @@ import email.utils
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -32,7 +33,7 @@ import openai
 
 from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.errors import UserError
-from graphrag_spark.llm.throttle import RateLimiter
+from graphrag_spark.llm.throttle import CallSlots, RateLimiter
 from graphrag_spark.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ _BACKOFF_BASE_S = 0.5
 _BACKOFF_CAP_S = 30.0
 _RETRY_AFTER_CAP_S = 120.0
 _ERROR_CHARS = 300
+# Calls in flight per client where neither the caller nor the model's config bounds them.
+_DEFAULT_CONCURRENCY = 8
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -206,7 +209,8 @@ class LlmClient:
         self.cfg = cfg
         self._openai = _build_openai_client(cfg, _read_api_key(cfg))
         self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
-        self._slots = asyncio.Semaphore(concurrency or cfg.concurrency)
+        self._most_in_flight = concurrency or cfg.concurrency or _DEFAULT_CONCURRENCY
+        self._slots = CallSlots()
         self._rng = random.Random()
 
     def __repr__(self) -> str:
@@ -252,18 +256,21 @@ class LlmClient:
         async def call() -> Any:
             return await self._openai.chat.completions.create(model=self.cfg.model, messages=messages, **params)
 
+        def used(response: Any) -> tuple[int, int]:
+            usage = response.usage
+            if usage:
+                return usage.prompt_tokens, usage.completion_tokens
+            return estimate, count_tokens(response.choices[0].message.content or "")
+
         kind = stage or "chat"
-        response, outcome, charged = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind,
-                                                              params["max_tokens"])
+        response, outcome = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind, params["max_tokens"],
+                                                     used)
         result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
         if response is not None:
             choice = response.choices[0]
             result.text = choice.message.content or ""
             result.finish_reason = choice.finish_reason
-            usage = response.usage
-            result.prompt_tokens = usage.prompt_tokens if usage else estimate
-            result.completion_tokens = usage.completion_tokens if usage else count_tokens(result.text)
-            self._limiter.settle(charged, result.prompt_tokens, result.completion_tokens, kind)
+            result.prompt_tokens, result.completion_tokens = used(response)
         return result
 
     async def embed(self, texts: list[str], *, item_id: str | None = None) -> EmbedResult:
@@ -276,20 +283,28 @@ class LlmClient:
         async def call() -> Any:
             return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float", **extra)
 
-        response, outcome, charged = await self._with_retries(call, estimate, f"embed:{item_id}", "embed", None)
+        def used(response: Any) -> tuple[int, int]:
+            return (response.usage.prompt_tokens if response.usage else estimate), 0
+
+        response, outcome = await self._with_retries(call, estimate, f"embed:{item_id}", "embed", None, used)
         result = EmbedResult(cache_key=key, **outcome)
         if response is not None:
             result.vectors = [list(d.embedding) for d in sorted(response.data, key=lambda d: d.index)]
-            result.prompt_tokens = response.usage.prompt_tokens if response.usage else estimate
-            self._limiter.settle(charged, result.prompt_tokens, 0, "embed")
+            result.prompt_tokens = used(response)[0]
         return result
 
+    def _calls_in_flight(self) -> int:
+        return self._limiter.calls_in_flight(self._most_in_flight)
+
     async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str, kind: str,
-                            max_tokens: int | None) -> tuple[T | None, dict, int]:
-        """The response (None after the last failure), the outcome, and the tokens the last attempt's
-        reservation charged (``estimate`` and the completion expected of a call of ``kind``). ``latency_s``
-        is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a slot, the
-        rate budget or a retry's backoff: the two are reported separately."""
+                            max_tokens: int | None, used: Callable[[T], tuple[int, int]]) -> tuple[T | None, dict]:
+        """The response (None after the last failure) and the outcome. The reservation of ``estimate`` prompt
+        tokens and the completion expected of a call of ``kind`` is settled with what the answer ``used``
+        (prompt, completion) before the call's slot frees, so a window the answers widen opens at once.
+        ``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a
+        slot, the rate budget or a retry's backoff: the two are reported separately. Embedding batches are
+        bounded by the client's bound alone (no completion to probe for)."""
+        limit = (lambda: self._most_in_flight) if kind == "embed" else self._calls_in_flight
         started = time.monotonic()
         service = 0.0
         n_429 = 0
@@ -302,14 +317,15 @@ class LlmClient:
             attempt += 1
             sent = None
             try:
-                async with self._slots:
+                async with self._slots.held(limit):
                     charged = await self._limiter.acquire(estimate, kind, max_tokens)
                     sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
                         response = await call()
-                service += time.monotonic() - sent
-                self._limiter.observe_latency(time.monotonic() - sent)
-                return response, dict(attempts=attempt, n_429=n_429, error=None, **timing()), charged
+                    service += time.monotonic() - sent
+                    self._limiter.observe_latency(time.monotonic() - sent)
+                    self._limiter.settle(charged, *used(response), kind)
+                return response, dict(attempts=attempt, n_429=n_429, error=None, **timing())
             except (openai.OpenAIError, TimeoutError) as exc:  # API failures end as an error result, bugs still raise
                 if sent is not None:
                     service += time.monotonic() - sent
@@ -321,7 +337,7 @@ class LlmClient:
                 if not retryable or attempt > self.cfg.max_retries:
                     error = self._describe(exc, attempt)
                     log.warning("LLM call %s failed: %s", label, error)
-                    return None, dict(attempts=attempt, n_429=n_429, error=error, **timing()), 0
+                    return None, dict(attempts=attempt, n_429=n_429, error=error, **timing())
                 delay = backoff_seconds(attempt, retry_after, self._rng)
                 log.debug("LLM call %s attempt %d: %s; retrying in %.2fs", label, attempt, type(exc).__name__, delay)
             await asyncio.sleep(delay)
@@ -340,6 +356,12 @@ def _run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(make_coro())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def task_concurrency(cfg: LlmModelConfig, max_in_flight: int, share: float) -> int:
+    """A task's bound on its calls in flight: the model's ``concurrency`` where set, else the task's ``share``
+    of the job's ``max_in_flight`` (``llm.max_in_flight``)."""
+    return cfg.concurrency or max(1, math.ceil(max_in_flight * share))
 
 
 def run_items(
@@ -364,7 +386,8 @@ def run_items(
 
 
 def run_batch(
-    requests: Iterable[ChatRequest | Mapping[str, Any]], cfg: LlmModelConfig, share: float = 1.0
+    requests: Iterable[ChatRequest | Mapping[str, Any]], cfg: LlmModelConfig, share: float = 1.0,
+    concurrency: int | None = None,
 ) -> list[CallResult]:
     """Independent chat calls (one per request), concurrently; results in input order."""
 
@@ -372,4 +395,4 @@ def run_batch(
         kwargs = dataclasses.asdict(request) if isinstance(request, ChatRequest) else dict(request)
         return await client.chat(kwargs.pop("messages"), **kwargs)
 
-    return run_items(requests, one, cfg, share)
+    return run_items(requests, one, cfg, share, concurrency)

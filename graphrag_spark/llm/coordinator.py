@@ -53,20 +53,11 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from graphrag_spark.llm.throttle import CallTokens, JobBudget, in_flight_target
+from graphrag_spark.llm.throttle import (INITIAL_LATENCY_S, PROBE_CALLS, TYPICAL_PROMPT_TOKENS, CallTokens, JobBudget,
+                                        in_flight_target, smoothed_latency)
 
-_LATENCY_SMOOTHING = 0.2
 _REQUEST_TIMEOUT_S = 60.0
 _SHUTDOWN_POLL_S = 0.02
-# Before any call of a model returned: a guess on the high side. Too large a window only queues
-# calls at the budget (which sets the rate); too small a one starves it until the first answer.
-_INITIAL_LATENCY_S = 5.0
-# Before any call of a model: the prompt size that decides whether its tokens/min may bind (``probing``).
-_TYPICAL_PROMPT_TOKENS = 2000
-# While probing, the job's items in flight, and the answers that end the probe: their calls are charged at
-# the prompt alone (a few completions over the limit), and their mean prices every call reserved next (one
-# answer, four times the mean, priced the first minute's calls at 10 s latency: 12 s of the budget unsent).
-_PROBE_ITEMS = 4
 
 
 @dataclass
@@ -87,9 +78,9 @@ class ModelBudget:
     def probing(self) -> bool:
         """Before the model's first answers, where its tokens/min may bind: the size of a completion is not
         known yet, and calls reserved at their prompt's size alone would overrun the provider's window by
-        their completions, so the job calls ``_PROBE_ITEMS`` items at a time until as many answers say."""
-        return self.call_tokens.completions_seen() < _PROBE_ITEMS and self.call_tokens.calls_per_minute(
-            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS) < self.requests_per_minute
+        their completions, so the job calls ``PROBE_CALLS`` items at a time until as many answers say."""
+        return self.call_tokens.completions_seen() < PROBE_CALLS and self.call_tokens.calls_per_minute(
+            self.budget.tokens_per_minute, TYPICAL_PROMPT_TOKENS) < self.requests_per_minute
 
     def unfed_outstanding(self) -> int:
         """Items not yet returned of the open stages that are not fed: the calls a fed stage yields to."""
@@ -97,8 +88,7 @@ class ModelBudget:
 
     def observe(self, latencies: list[float]) -> None:
         for latency in latencies:
-            self.latency_s = latency if self.latency_s is None else (
-                (1 - _LATENCY_SMOOTHING) * self.latency_s + _LATENCY_SMOOTHING * latency)
+            self.latency_s = smoothed_latency(self.latency_s, latency)
 
 
 _BUDGETS: dict[tuple, ModelBudget] = {}
@@ -301,8 +291,8 @@ class Coordinator:
         model = self._model
         sharing = max(1, len(self._running), self._tasks - len(self._finished))
         if model.probing():
-            return max(1, min(_PROBE_ITEMS, self._max_in_flight) // sharing)
-        latency = model.latency_s if model.latency_s is not None else _INITIAL_LATENCY_S
+            return max(1, min(PROBE_CALLS, self._max_in_flight) // sharing)
+        latency = model.latency_s if model.latency_s is not None else INITIAL_LATENCY_S
         total = in_flight_target(model.calls_per_minute() * model.budget.factor(), latency, self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())
@@ -490,6 +480,10 @@ class RemoteBudget:
 
     def observe_latency(self, latency_s: float) -> None:
         self._latencies.append(latency_s)
+
+    def calls_in_flight(self, cap: int) -> int:
+        """The coordinator's window bounds the task's items, not its calls."""
+        return cap
 
 
 def _driver_path(location: str) -> str | None:

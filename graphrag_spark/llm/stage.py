@@ -49,18 +49,16 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import default_parallelism, is_connect
+from graphrag_spark.compat import LLM_ITEMS_PER_TASK, default_parallelism, is_connect, llm_tasks
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.llm.client import CallResult, LlmClient, run_items
+from graphrag_spark.llm.client import CallResult, LlmClient, run_items, task_concurrency
 from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
                                             rows_frame, shared_budget, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.progress import llm_meter
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
-# A task's items are in its Python worker's memory; more items make more tasks, not bigger ones.
-_ITEMS_PER_TASK = 2000
 _UNBOUNDED = 1_000_000  # the task's window bounds its calls, not the client's semaphore
 # Up to this many items a stage's bookkeeping runs on the driver: which items are cached, and the outcome
 # (the calls still run in executors). Above it, Spark joins do it: a dozen small jobs saved per stage.
@@ -532,22 +530,23 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     return coordinator.usage()
 
 
-def _run_in_waves(spark: SparkSession, store: T.TableStore, model: LlmModelConfig, pending: DataFrame,
-                  n_pending: int, n_tasks: int, items_per_commit: int, safe_fn, row_of, meter,
-                  returned: list[dict] | None) -> UsageFigures:
+def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, pending: DataFrame,
+                  n_pending: int, safe_fn, row_of, meter, returned: list[dict] | None) -> UsageFigures:
     """Spark Connect: the executors cannot reach the client, so there is no coordinator. Each task
-    throttles to its share of the budget, and the items run in waves of ``llm.items_per_commit``
+    throttles to its share of the budget (and keeps its share of the rate x the latency in flight,
+    ``RateLimiter.calls_in_flight``), and the items run in waves of ``llm.items_per_commit``
     (split by a hash of the item key): a wave's rows come back to the client and are committed before
     the next wave starts, so a client that goes down loses at most one wave's calls."""
-    n_waves = math.ceil(n_pending / items_per_commit)
-    wave_tasks = max(1, min(n_tasks, math.ceil(n_pending / n_waves)))
+    n_waves = math.ceil(n_pending / llm.items_per_commit)
+    wave_tasks = llm_tasks(spark, math.ceil(n_pending / n_waves))
     share = 1.0 / wave_tasks
+    concurrency = task_concurrency(model, llm.max_in_flight, share)
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         records = [record for frame in frames for record in frame.to_dict("records")]
         if not records:  # a wave's hash split can leave a task empty; an empty frame fails Arrow's conversion
             return
-        works = run_items(records, safe_fn, model, share)
+        works = run_items(records, safe_fn, model, share, concurrency)
         yield pd.DataFrame({"row": [json.dumps(row_of(r, w), ensure_ascii=False) for r, w in zip(records, works)]})
 
     wave_of = F.pmod(F.xxhash64("item_key"), F.lit(n_waves))
@@ -665,19 +664,16 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
     figures = UsageFigures()
     if n_pending or feed is not None:
-        slots = default_parallelism(spark)
         if is_connect(spark):
-            by_size = math.ceil(n_pending / _ITEMS_PER_TASK)
-            n_tasks = max(1, min(n_pending, max(slots, by_size)))
             if pending_rows is not None:  # the waves split the items themselves
                 pending = T.local_frame(spark, pending_rows, _KEYED_SCHEMA)
-            figures = _run_in_waves(spark, store, model, pending, n_pending, n_tasks, llm.items_per_commit, safe_fn,
-                                    row_of, meter, returned)
+            figures = _run_in_waves(spark, store, llm, model, pending, n_pending, safe_fn, row_of, meter, returned)
         else:
             def call(rows: list | None, n_items: int, fed: FedRecords | None = None) -> UsageFigures:
                 # One slot stays free: the periodic commit is a Spark job, and it could not start before the
                 # calling tasks end if they held every slot. A task's calls are async, so it loses no rate.
-                n_tasks = max(1, min(n_items, max(slots - 1, math.ceil(n_items / _ITEMS_PER_TASK))))
+                n_tasks = max(1, min(n_items, max(default_parallelism(spark) - 1,
+                                                  math.ceil(n_items / LLM_ITEMS_PER_TASK))))
                 # The driver's rows: a local relation, dealt round-robin to the tasks (no Python job).
                 frame = (pending if rows is None else T.local_frame(spark, rows, _KEYED_SCHEMA)).repartition(n_tasks)
                 return _run_coordinated(spark, store, llm, model, frame, n_tasks, safe_fn, row_of, meter, journal,

@@ -13,18 +13,33 @@ one second of budget, so that the provider's sliding one-minute window never see
 than the limit, and the limiter aims slightly below it (``headroom``) to absorb clock
 skew between tasks. A 429 halves the rate and pauses every caller until ``Retry-After``
 (multiplicative decrease); the rate then recovers linearly over ``recovery_s``
-(additive increase). Waiting callers sleep for exactly the computed time: no polling.
+(additive increase). Waiting callers sleep for exactly the computed time: no polling. Without a
+coordinator to size its window, a task also keeps its share of the rate x the observed latency in
+flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows), after a probe where tokens/min
+may bind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
 
 
 _TOKENS_SMOOTHING = 0.1
+_LATENCY_SMOOTHING = 0.2
+# Before any call of a model returned: a guess on the high side. Too large a window only queues
+# calls at the budget (which sets the rate); too small a one starves it until the first answer.
+INITIAL_LATENCY_S = 5.0
+# Before any call of a model: the prompt size that decides whether its tokens/min may bind (a probe).
+TYPICAL_PROMPT_TOKENS = 2000
+# While probing, the job's calls (items, with a coordinator) in flight, and the answers that end the probe:
+# their calls are charged at the prompt alone (a few completions over the limit), and their mean prices
+# every call reserved next (one answer, four times the mean, priced the first minute's calls at 10 s
+# latency: 12 s of the budget unsent).
+PROBE_CALLS = 4
 # The share of the token rate at which refunds of overestimates come back: a window sees at most this much
 # of the limit more than it was charged for.
 _REFUND_RELEASE = 0.01
@@ -118,6 +133,8 @@ class RateLimiter:
     ) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
+        self._share = share
+        self._latency_s: float | None = None
         self._request_rate = requests_per_minute * share * headroom / 60.0
         self._token_rate = tokens_per_minute * share * headroom / 60.0
         self._burst_s = burst_s
@@ -189,7 +206,22 @@ class RateLimiter:
         self._tokens -= error
 
     def observe_latency(self, latency_s: float) -> None:
-        """A call's service time: nothing to do here (a task-local limiter does not size concurrency)."""
+        """A call's service time (its running mean sizes ``calls_in_flight``)."""
+        self._latency_s = smoothed_latency(self._latency_s, latency_s)
+
+    def calls_in_flight(self, cap: int) -> int:
+        """The calls this task may have in flight (at most ``cap``): Little's law at its share of the rate and
+        the observed latency. Where tokens/min may bind, until the task's share of ``PROBE_CALLS`` answers
+        say how long a completion is, only that many: a reservation made before then charges the prompt
+        alone, and a whole window of them would overrun the provider's minute by their completions."""
+        tokens_per_minute = self._token_rate * 60.0
+        probe = max(1, round(PROBE_CALLS * self._share))
+        if (self._call_tokens.completions_seen() < probe and self._call_tokens.calls_per_minute(
+                tokens_per_minute, TYPICAL_PROMPT_TOKENS) < self._request_rate * 60.0):
+            return min(cap, probe)
+        calls_per_minute = min(self._request_rate * 60.0, self._call_tokens.calls_per_minute(tokens_per_minute))
+        latency = self._latency_s if self._latency_s is not None else INITIAL_LATENCY_S
+        return in_flight_target(calls_per_minute * self.factor(), latency, cap)
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         """A 429: pause everyone until ``Retry-After`` and halve the rate (once per burst of 429s)."""
@@ -200,6 +232,32 @@ class RateLimiter:
             self._refill(now)
             self._factor_base = max(self._min_factor, self.factor() / 2.0)
             self._decreased_at = now
+
+
+class CallSlots:
+    """Calls in flight, each up to a limit read again whenever a slot frees (it may follow a limiter's
+    ``calls_in_flight``, which the answers move)."""
+
+    def __init__(self) -> None:
+        self._held = 0
+        self._freed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def held(self, limit: Callable[[], int]):
+        async with self._freed:
+            await self._freed.wait_for(lambda: self._held < limit())
+            self._held += 1
+        try:
+            yield
+        finally:
+            async with self._freed:
+                self._held -= 1
+                self._freed.notify_all()
+
+
+def smoothed_latency(mean: float | None, latency_s: float) -> float:
+    """The running mean of a model's service latency, with one more call's."""
+    return latency_s if mean is None else (1 - _LATENCY_SMOOTHING) * mean + _LATENCY_SMOOTHING * latency_s
 
 
 def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, margin: float = 2.0,

@@ -40,7 +40,7 @@ def answer_all(spark: SparkSession, prompt_name: str, questions: list[str], cont
     asked = [i for i, context in enumerate(contexts) if context]
     results = chat_in_executors(spark, [prompt.messages(question=questions[i], context_data=contexts[i], response_type=q.response_type)
                                         for i in asked], cfg.llm.chat, stage=prompt_name, max_tokens=q.answer_max_tokens,
-                                prompt_version=prompt.version)
+                                prompt_version=prompt.version, max_in_flight=cfg.llm.max_in_flight)
     answers = [Answer(NO_ANSWER) for _ in questions]
     for i, result in zip(asked, results):
         answers[i] = Answer(result.text if result.ok else f"The answer could not be generated: {result.error}", calls=1,

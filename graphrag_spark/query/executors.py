@@ -15,14 +15,14 @@ from typing import Callable, Iterator
 import pandas as pd
 from pyspark.sql import SparkSession
 
-from graphrag_spark.compat import default_parallelism
+from graphrag_spark.compat import llm_tasks
 from graphrag_spark.config import LlmModelConfig
-from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch
+from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch, task_concurrency
 from graphrag_spark.llm.secrets import ensure_api_key
 
 
 def partitions_for(spark: SparkSession, payloads: int) -> int:
-    return max(1, min(payloads, default_parallelism(spark)))
+    return llm_tasks(spark, payloads)
 
 
 def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[list[str]], list[str]]) -> list[str]:
@@ -43,12 +43,14 @@ Prompt = str | list[dict[str, str]]  # one user message, or the messages (system
 
 
 def chat_calls(prompts: list[Prompt], cfg: LlmModelConfig, share: float, *, stage: str, max_tokens: int,
-               json_mode: bool = False, prompt_version: str = "") -> list[str]:
-    """In an executor: one chat call per prompt, concurrently; encoded results."""
+               json_mode: bool = False, prompt_version: str = "", max_in_flight: int = 256) -> list[str]:
+    """In an executor: one chat call per prompt, concurrently (the task's ``share`` of the job's
+    ``max_in_flight`` at most); encoded results."""
     requests = [ChatRequest(messages=prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
                             stage=stage, max_tokens=max_tokens, json_mode=json_mode, prompt_version=prompt_version)
                 for prompt in prompts]
-    return [json.dumps(dataclasses.asdict(result)) for result in run_batch(requests, cfg, share)]
+    return [json.dumps(dataclasses.asdict(result)) for result in run_batch(requests, cfg, share,
+                                                                             task_concurrency(cfg, max_in_flight, share))]
 
 
 def decode_call(encoded: str) -> CallResult:
@@ -56,11 +58,11 @@ def decode_call(encoded: str) -> CallResult:
 
 
 def chat_in_executors(spark: SparkSession, prompts: list[Prompt], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
-                      json_mode: bool = False, prompt_version: str = "") -> list[CallResult]:
-    """Prompts rendered on the driver, called in executors."""
+                      json_mode: bool = False, prompt_version: str = "", max_in_flight: int = 256) -> list[CallResult]:
+    """Prompts rendered on the driver, called in executors (``max_in_flight``: ``llm.max_in_flight``)."""
     ensure_api_key(cfg)
     share = 1.0 / partitions_for(spark, len(prompts))
     encoded = run_in_executors(spark, [json.dumps(p) for p in prompts], lambda batch: chat_calls(
         [json.loads(p) for p in batch], cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode,
-        prompt_version=prompt_version))
+        prompt_version=prompt_version, max_in_flight=max_in_flight))
     return [decode_call(text) for text in encoded]

@@ -323,7 +323,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     def call_map(work):
         prompts = [map_messages(map_prompt, questions[qi], batch, units) for qi, batch in work]
         return chat_calls(prompts, chat, share, stage="global_map", max_tokens=q.map_max_tokens, json_mode=True,
-                          prompt_version=map_prompt.version)
+                          prompt_version=map_prompt.version, max_in_flight=cfg.llm.max_in_flight)
 
     answers = [MapReduceAnswer("", [], []) for _ in questions]
     for (qi, bi), raw in zip(pairs, _run_map(spark, batches, len(questions), call_map)):
@@ -343,7 +343,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
     prompts = [reduce_messages(reduce_prompt, questions[i], answers[i].selected, units, q.response_type)
                for i in to_reduce]
     reduced = chat_in_executors(spark, prompts, chat, stage="global_reduce", max_tokens=q.answer_max_tokens,
-                                prompt_version=reduce_prompt.version)
+                                prompt_version=reduce_prompt.version, max_in_flight=cfg.llm.max_in_flight)
     for i, result in zip(to_reduce, reduced):
         answers[i].calls.append(result)
         answers[i].answer = result.text if result.ok else f"The answer could not be generated: {result.error}"
