@@ -276,10 +276,10 @@ def test_a_task_local_limiter_probes_then_keeps_its_share_of_the_rate_times_the_
             windows.append(limiter.calls_in_flight(64))
         return windows + [limiter.calls_in_flight(4)]
 
-    # Half of 0.95 x 200,000 tokens/min at 2,000 a call: 47.5 calls a minute, 10 s each.
-    assert asyncio.run(scenario()) == [2, 2, in_flight_target(47.5, 10.0, 64), 4]
-    assert in_flight_target(47.5, 10.0, 64) > 8, "more than a fixed eight per task"
-    assert RateLimiter(600, 10**9).calls_in_flight(64) == in_flight_target(570, 5.0, 64), "requests/min binds: no probe"
+    # Half of 200,000 tokens/min at 2,000 a call: 50 calls a minute, 10 s each.
+    assert asyncio.run(scenario()) == [2, 2, in_flight_target(50, 10.0, 64), 4]
+    assert in_flight_target(50, 10.0, 64) > 8, "more than a fixed eight per task"
+    assert RateLimiter(600, 10**9).calls_in_flight(64) == in_flight_target(600, 5.0, 64), "requests/min binds: no probe"
     settings = LlmModelConfig().model_dump(exclude={"concurrency"})
     assert task_concurrency(LlmModelConfig(**settings), 256, 0.25) == 64, "unset: the task's share of llm.max_in_flight"
     assert task_concurrency(LlmModelConfig(**settings, concurrency=16), 256, 0.25) == 16

@@ -5,18 +5,12 @@
 concurrent tasks share one budget and concurrency follows from the limit and the observed
 latency (``in_flight_target``, Little's law), not from the number of tasks.
 
-``RateLimiter`` is a client-side limiter for callers without a coordinator (Spark Connect,
-query-time calls): every concurrent Spark task is its own Python worker, so it gets
-``share`` (1 / concurrent tasks) of the budget. Two token
-buckets (requests, tokens) refill continuously at that rate. Bursts are kept to about
-one second of budget, so that the provider's sliding one-minute window never sees more
-than the limit, and the limiter aims slightly below it (``headroom``) to absorb clock
-skew between tasks. A 429 halves the rate and pauses every caller until ``Retry-After``
-(multiplicative decrease); the rate then recovers linearly over ``recovery_s``
-(additive increase). Waiting callers sleep for exactly the computed time: no polling. Without a
-coordinator to size its window, a task also keeps its share of the rate x the observed latency in
-flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows), after a probe where tokens/min
-may bind.
+``RateLimiter`` is the same budget kept by a task for itself, for callers without a coordinator
+(Spark Connect, query-time calls): every concurrent Spark task is its own Python worker, so it gets
+``share`` (1 / concurrent tasks) of the limits, and keeps its share of the rate x the observed latency
+in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows), after a probe where
+tokens/min may bind. Both halve the rate on a 429 and pause until ``Retry-After`` (multiplicative
+decrease), then recover linearly over ``recovery_s`` (additive increase).
 """
 
 from __future__ import annotations
@@ -119,91 +113,43 @@ class CallTokens:
 
 
 class RateLimiter:
-    def __init__(
-        self,
-        requests_per_minute: float,
-        tokens_per_minute: float,
-        share: float = 1.0,
-        *,
-        headroom: float = 0.95,
-        burst_s: float = 1.0,
-        min_factor: float = 0.05,
-        recovery_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    """A task's own budget, for callers without a coordinator (Spark Connect, query-time calls): the job's
+    limits times ``share`` (1 / the tasks that run at once, each its own Python worker) in a ``JobBudget``,
+    priced, aimed and probed from its answers as the coordinator does the job's. ``acquire`` sleeps for
+    exactly the wait its reservation was given (reservations are granted in call order: no polling)."""
+
+    def __init__(self, requests_per_minute: float, tokens_per_minute: float, share: float = 1.0, *,
+                 clock: Callable[[], float] = time.monotonic, **budget) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self._share = share
-        self._latency_s: float | None = None
-        self._request_rate = requests_per_minute * share * headroom / 60.0
-        self._token_rate = tokens_per_minute * share * headroom / 60.0
-        self._burst_s = burst_s
-        self._min_factor = min_factor
-        self._recovery_s = recovery_s
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        now = clock()
-        self._updated = now
-        self._requests = 1.0
-        self._tokens = self._token_capacity(1.0)
-        self._paused_until = now
-        self._factor_base = 1.0
-        self._decreased_at = now - recovery_s
+        self.budget = JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock, **budget)
         self._call_tokens = CallTokens()
-
-    def factor(self) -> float:
-        """Current share of the nominal rate (1.0 = no 429 lately)."""
-        recovered = (self._clock() - self._decreased_at) / self._recovery_s
-        return min(1.0, self._factor_base + recovered * (1.0 - self._factor_base))
+        self._latency_s: float | None = None
 
     def requests_per_minute(self) -> float:
-        """Rate this limiter currently allows."""
-        return self._request_rate * self.factor() * 60.0
-
-    def _request_capacity(self, factor: float) -> float:
-        return max(1.0, self._request_rate * factor * self._burst_s)
-
-    def _token_capacity(self, factor: float) -> float:
-        return max(1.0, self._token_rate * factor * self._burst_s)
-
-    def _refill(self, now: float) -> None:
-        factor = self.factor()
-        elapsed = now - self._updated
-        self._updated = now
-        self._requests = min(self._request_capacity(factor), self._requests + elapsed * self._request_rate * factor)
-        self._tokens = min(self._token_capacity(factor), self._tokens + elapsed * self._token_rate * factor)
+        """Requests/min this task's budget allows now (a 429 halves it, then it recovers)."""
+        return self.budget.requests_per_minute * self.budget.factor()
 
     async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
-        """Wait until one request of ``tokens`` prompt tokens and the completion expected fits the budget,
-        then charge it; returns the tokens charged (what ``settle`` corrects).
-
-        A request larger than the token bucket waits for a full bucket and leaves it in
-        debt, which delays the next callers: the long-run rate stays exact.
-        """
+        """Reserve one request of ``tokens`` prompt tokens and the completion expected of ``kind``, and wait
+        until it may be sent; returns the tokens charged (what ``settle`` corrects)."""
         self._call_tokens.observe_prompt(tokens)
-        tokens += self._call_tokens.expected_completion(kind, max_tokens)
-        async with self._lock:  # FIFO: callers are served in arrival order
-            while True:
-                now = self._clock()
-                self._refill(now)
-                factor = self.factor()
-                token_need = min(float(tokens), self._token_capacity(factor))
-                wait = max(
-                    self._paused_until - now,
-                    (1.0 - self._requests) / (self._request_rate * factor),
-                    (token_need - self._tokens) / (self._token_rate * factor),
-                )
-                if wait <= 0:
-                    self._requests -= 1.0
-                    self._tokens -= tokens
-                    return tokens
-                await asyncio.sleep(wait)
+        charged = tokens + self._call_tokens.expected_completion(kind, max_tokens)
+        wait = self.budget.reserve(charged)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return charged
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
-        """Charge the difference between what ``acquire`` charged and the tokens the call really used."""
+        """Charge the difference between what ``acquire`` charged and the tokens the call really used, and
+        aim the tokens/min at the headroom the answers' errors allow (``CallTokens.token_headroom``)."""
         error = prompt + completion - charged
         self._call_tokens.observe_completion(completion, kind, error)
-        self._tokens -= error
+        headroom = self._call_tokens.token_headroom(self.budget.tokens_per_minute)
+        if headroom is not None:
+            self.budget.aim_tokens(headroom)
+        self.budget.settle(error)
 
     def observe_latency(self, latency_s: float) -> None:
         """A call's service time (its running mean sizes ``calls_in_flight``)."""
@@ -214,24 +160,18 @@ class RateLimiter:
         the observed latency. Where tokens/min may bind, until the task's share of ``PROBE_CALLS`` answers
         say how long a completion is, only that many: a reservation made before then charges the prompt
         alone, and a whole window of them would overrun the provider's minute by their completions."""
-        tokens_per_minute = self._token_rate * 60.0
+        requests, tokens = self.budget.requests_per_minute, self.budget.tokens_per_minute
         probe = max(1, round(PROBE_CALLS * self._share))
-        if (self._call_tokens.completions_seen() < probe and self._call_tokens.calls_per_minute(
-                tokens_per_minute, TYPICAL_PROMPT_TOKENS) < self._request_rate * 60.0):
+        if (self._call_tokens.completions_seen() < probe
+                and self._call_tokens.calls_per_minute(tokens, TYPICAL_PROMPT_TOKENS) < requests):
             return min(cap, probe)
-        calls_per_minute = min(self._request_rate * 60.0, self._call_tokens.calls_per_minute(tokens_per_minute))
+        calls_per_minute = min(requests, self._call_tokens.calls_per_minute(tokens))
         latency = self._latency_s if self._latency_s is not None else INITIAL_LATENCY_S
-        return in_flight_target(calls_per_minute * self.factor(), latency, cap)
+        return in_flight_target(calls_per_minute * self.budget.factor(), latency, cap)
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
-        """A 429: pause everyone until ``Retry-After`` and halve the rate (once per burst of 429s)."""
-        now = self._clock()
-        if retry_after_s:
-            self._paused_until = max(self._paused_until, now + retry_after_s)
-        if now - self._decreased_at >= max(1.0, retry_after_s or 0.0):
-            self._refill(now)
-            self._factor_base = max(self._min_factor, self.factor() / 2.0)
-            self._decreased_at = now
+        """A 429: pause this task's calls until ``Retry-After`` and halve its rate (``JobBudget``)."""
+        self.budget.on_rate_limited(retry_after_s)
 
 
 class CallSlots:
@@ -280,7 +220,7 @@ class JobBudget:
     to wait before sending: reservations are granted in arrival order and may run the buckets
     into debt, so the wait of a caller is exactly the time its reservation needs to refill (no
     polling, no per-task shares). Bursts are capped at ``burst_s`` of budget, the rate aims at
-    ``headroom`` of the limit, and 429s slow everyone down as in ``RateLimiter`` (halve once per
+    ``headroom`` of the limit, and 429s slow everyone down (halve once per
     burst of 429s, pause until ``Retry-After``, recover linearly over ``recovery_s``).
 
     A provider's one-minute window sees at most one burst plus a minute at the budget's rate: 0.25 s
