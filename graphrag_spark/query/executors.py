@@ -21,10 +21,6 @@ from graphrag_spark.llm.client import CallResult, ChatRequest, run_batch, task_c
 from graphrag_spark.llm.secrets import ensure_api_key
 
 
-def partitions_for(spark: SparkSession, payloads: int) -> int:
-    return llm_tasks(spark, payloads)
-
-
 def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[list[str]], list[str]]) -> list[str]:
     """``fn`` maps a partition's payloads to as many result strings; runs as one Spark job."""
     if not payloads:
@@ -35,7 +31,7 @@ def run_in_executors(spark: SparkSession, payloads: list[str], fn: Callable[[lis
         for part in parts:
             yield pd.DataFrame({"position": part["position"], "result": fn(part["payload"].tolist())})
 
-    rows = frame.repartition(partitions_for(spark, len(payloads))).mapInPandas(run, "position long, result string").collect()
+    rows = frame.repartition(llm_tasks(spark, len(payloads))).mapInPandas(run, "position long, result string").collect()
     return [row.result for row in sorted(rows, key=lambda row: row.position)]
 
 
@@ -61,7 +57,7 @@ def chat_in_executors(spark: SparkSession, prompts: list[Prompt], cfg: LlmModelC
                       json_mode: bool = False, prompt_version: str = "", max_in_flight: int = 256) -> list[CallResult]:
     """Prompts rendered on the driver, called in executors (``max_in_flight``: ``llm.max_in_flight``)."""
     ensure_api_key(cfg)
-    share = 1.0 / partitions_for(spark, len(prompts))
+    share = 1.0 / llm_tasks(spark, len(prompts))
     encoded = run_in_executors(spark, [json.dumps(p) for p in prompts], lambda batch: chat_calls(
         [json.loads(p) for p in batch], cfg, share, stage=stage, max_tokens=max_tokens, json_mode=json_mode,
         prompt_version=prompt_version, max_in_flight=max_in_flight))

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from graphrag_spark import tables as T
+from graphrag_spark.compat import llm_tasks
 from graphrag_spark.config import Config, QueryConfig
 from graphrag_spark.errors import UserError
 from graphrag_spark.index.extract_nlp import split_sentences
@@ -37,7 +38,7 @@ from graphrag_spark.index.report_json import format_data_refs
 from graphrag_spark.llm.client import CallResult
 from graphrag_spark.prompts import Prompt, load_prompt
 from graphrag_spark.query.context import NO_ANSWER, csv_line, format_table, terms
-from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call, partitions_for
+from graphrag_spark.query.executors import chat_calls, chat_in_executors, decode_call
 from graphrag_spark.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ def _run_map(spark: SparkSession, batches: list[list[dict]], n_questions: int, f
             work = [(int(qi), json.loads(units)) for qi, units in zip(part["question"], part["units"])]
             yield pd.DataFrame({"question": part["question"], "batch": part["batch"], "result": fn(work)})
 
-    rows = (pairs.repartition(partitions_for(spark, n_questions * len(batches)))
+    rows = (pairs.repartition(llm_tasks(spark, n_questions * len(batches)))
             .mapInPandas(run, "question long, batch long, result string").collect())
     return [row.result for row in sorted(rows, key=lambda row: (row.question, row.batch))]
 
@@ -318,7 +319,7 @@ def _llm_map_reduce(spark: SparkSession, questions: list[str], units: Units, bat
                     pairs: list[tuple[int, int]], cfg: Config) -> list[MapReduceAnswer]:
     q, chat = cfg.query, cfg.llm.chat
     map_prompt, reduce_prompt = load_prompt("global_map"), load_prompt("global_reduce")
-    share = 1.0 / partitions_for(spark, len(pairs))
+    share = 1.0 / llm_tasks(spark, len(pairs))
 
     def call_map(work):
         prompts = [map_messages(map_prompt, questions[qi], batch, units) for qi, batch in work]
