@@ -473,11 +473,11 @@ def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
-    model = ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0)
+    model = ModelBudget(JobBudget(120, 10**9), threading.Lock(), latency_s=1.0)
     target = in_flight_target(120, 1.0, 64)
     feeding = Coordinator("127.0.0.1", model, 64, tmp_path / "summaries.jsonl", expected=target + 3)
     fed = Coordinator("127.0.0.1", model, 64, tmp_path / "reports.jsonl", fed=True)
-    alone = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0),
+    alone = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), threading.Lock(), latency_s=1.0),
                         64, tmp_path / "other.jsonl", fed=True)
     try:
         assert feeding.window() == target and alone.window() == target
@@ -499,7 +499,7 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
-    model = ModelBudget(JobBudget(10_000, 120_000), 10_000, threading.Lock(), latency_s=1.0)
+    model = ModelBudget(JobBudget(10_000, 120_000), threading.Lock(), latency_s=1.0)
     stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl", tasks=2)
     try:
         assert stage.window() == 2, "before the first answers, a call's completion is unknown: 4 items, 2 tasks"
@@ -516,7 +516,7 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
     finally:
         stage.close()
     # Where tokens/min cannot bind at requests/min, nothing waits for a first answer.
-    roomy = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), 120, threading.Lock(), latency_s=1.0), 256,
+    roomy = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), threading.Lock(), latency_s=1.0), 256,
                         tmp_path / "roomy.jsonl")
     try:
         assert roomy.window() == in_flight_target(120, 1.0, 256)
@@ -548,7 +548,7 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
         events.append(("end", record["item_id"]))
         return LlmWork("done", calls)
 
-    model = ModelBudget(JobBudget(10_000, 6_000_000), 10_000, threading.Lock())  # ~5,000 calls/min of 1,000 tokens
+    model = ModelBudget(JobBudget(10_000, 6_000_000), threading.Lock())  # ~5,000 calls/min of 1,000 tokens
     with start_server(latency_s=0.5) as server:
         stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
         try:

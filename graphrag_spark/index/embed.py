@@ -43,6 +43,7 @@ from graphrag_spark.compat import default_parallelism, is_connect
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
+from graphrag_spark.llm.client import task_concurrency
 from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json, read_journal
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.llm.stage import driver_host, recover_journal, stage_journal
@@ -62,7 +63,7 @@ def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
         # Unless llm.embedding.concurrency says otherwise: up to its share of the job's llm.max_in_flight batches
         # at once, paced by its share of the rate limit (8 per task used 96 of 600 RPM at 10 s on 2 slots).
         return OpenAIEmbedder(cfg.llm.embedding, cfg.embeddings.batch_size, share,
-                              math.ceil(cfg.llm.max_in_flight * share))
+                              task_concurrency(cfg.llm.embedding, cfg.llm.max_in_flight, share))
     return OfflineMiniLM()
 
 

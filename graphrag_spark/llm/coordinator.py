@@ -53,42 +53,23 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from graphrag_spark.llm.throttle import (INITIAL_LATENCY_S, PROBE_CALLS, TYPICAL_PROMPT_TOKENS, CallTokens, JobBudget,
-                                        in_flight_target, smoothed_latency)
+from graphrag_spark.llm.throttle import PROBE_CALLS, JobBudget, ModelRate
 
 _REQUEST_TIMEOUT_S = 60.0
 _SHUTDOWN_POLL_S = 0.02
 
 
-@dataclass
-class ModelBudget:
+class ModelBudget(ModelRate):
     """One model's budget and observed latency in this driver, shared by every stage that calls it."""
 
-    budget: JobBudget
-    requests_per_minute: float
-    lock: threading.Lock
-    latency_s: float | None = None
-    open_stages: list = field(default_factory=list)  # the open ``Coordinator``s calling this model
-    call_tokens: CallTokens = field(default_factory=CallTokens)
-
-    def calls_per_minute(self) -> float:
-        """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
-        return min(self.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
-
-    def probing(self) -> bool:
-        """Before the model's first answers, where its tokens/min may bind: the size of a completion is not
-        known yet, and calls reserved at their prompt's size alone would overrun the provider's window by
-        their completions, so the job calls ``PROBE_CALLS`` items at a time until as many answers say."""
-        return self.call_tokens.completions_seen() < PROBE_CALLS and self.call_tokens.calls_per_minute(
-            self.budget.tokens_per_minute, TYPICAL_PROMPT_TOKENS) < self.requests_per_minute
+    def __init__(self, budget: JobBudget, lock: threading.Lock, latency_s: float | None = None) -> None:
+        super().__init__(budget, latency_s)
+        self.lock = lock
+        self.open_stages: list = []  # the open ``Coordinator``s calling this model
 
     def unfed_outstanding(self) -> int:
         """Items not yet returned of the open stages that are not fed: the calls a fed stage yields to."""
         return sum(stage.outstanding() for stage in list(self.open_stages) if not stage.fed)
-
-    def observe(self, latencies: list[float]) -> None:
-        for latency in latencies:
-            self.latency_s = smoothed_latency(self.latency_s, latency)
 
 
 _BUDGETS: dict[tuple, ModelBudget] = {}
@@ -100,8 +81,7 @@ def shared_budget(key: tuple, requests_per_minute: float, tokens_per_minute: flo
     with _BUDGETS_LOCK:
         full_key = (*key, requests_per_minute, tokens_per_minute)
         if full_key not in _BUDGETS:
-            _BUDGETS[full_key] = ModelBudget(JobBudget(requests_per_minute, tokens_per_minute), requests_per_minute,
-                                             threading.Lock())
+            _BUDGETS[full_key] = ModelBudget(JobBudget(requests_per_minute, tokens_per_minute), threading.Lock())
         return _BUDGETS[full_key]
 
 
@@ -290,10 +270,9 @@ class Coordinator:
         """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
         model = self._model
         sharing = max(1, len(self._running), self._tasks - len(self._finished))
-        if model.probing():
+        if model.probing(PROBE_CALLS):
             return max(1, min(PROBE_CALLS, self._max_in_flight) // sharing)
-        latency = model.latency_s if model.latency_s is not None else INITIAL_LATENCY_S
-        total = in_flight_target(model.calls_per_minute() * model.budget.factor(), latency, self._max_in_flight)
+        total = model.in_flight(self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())
         return max(1, math.ceil(total / sharing))
@@ -319,17 +298,11 @@ class Coordinator:
                 completions: list[list], kind: str = "", max_tokens: int | None = None) -> dict:
         model = self._model
         with model.lock:
-            model.observe(latencies)
-            for completion_kind, completion, error in completions:
-                model.call_tokens.observe_completion(completion, completion_kind, error)
-            headroom = model.call_tokens.token_headroom(model.budget.tokens_per_minute) if completions else None
-            if headroom is not None:
-                model.budget.aim_tokens(headroom)
-            model.budget.settle(sum(error for _, _, error in completions))
+            model.observe_latencies(latencies)
+            model.answered(completions)
             for retry_after in rate_limited:
                 model.budget.on_rate_limited(retry_after)
-            model.call_tokens.observe_prompt(tokens)
-            charged = tokens + model.call_tokens.expected_completion(kind, max_tokens)
+            charged = model.price(tokens, kind, max_tokens)
             wait = model.budget.reserve(charged)
         with self._lock:
             return {"wait": wait, "charged": charged, **self._told_window()}

@@ -26,9 +26,9 @@ _TOKENS_SMOOTHING = 0.1
 _LATENCY_SMOOTHING = 0.2
 # Before any call of a model returned: a guess on the high side. Too large a window only queues
 # calls at the budget (which sets the rate); too small a one starves it until the first answer.
-INITIAL_LATENCY_S = 5.0
+_INITIAL_LATENCY_S = 5.0
 # Before any call of a model: the prompt size that decides whether its tokens/min may bind (a probe).
-TYPICAL_PROMPT_TOKENS = 2000
+_TYPICAL_PROMPT_TOKENS = 2000
 # While probing, the job's calls (items, with a coordinator) in flight, and the answers that end the probe:
 # their calls are charged at the prompt alone (a few completions over the limit), and their mean prices
 # every call reserved next (one answer, four times the mean, priced the first minute's calls at 10 s
@@ -112,66 +112,101 @@ class CallTokens:
         return tokens_per_minute / per_call if per_call > 0 else math.inf
 
 
+class ModelRate:
+    """One model's budget as its answers price it: the ``JobBudget``, the calls' token means and charge
+    errors (``CallTokens``) and the observed service latency. The coordinator keeps one per model for the
+    whole job (``ModelBudget``); a task without a coordinator keeps its own (``RateLimiter``)."""
+
+    def __init__(self, budget: JobBudget, latency_s: float | None = None) -> None:
+        self.budget = budget
+        self.latency_s = latency_s
+        self.call_tokens = CallTokens()
+
+    def calls_per_minute(self) -> float:
+        """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
+        return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
+
+    def probing(self, answers: int) -> bool:
+        """Before ``answers`` answers, where tokens/min may bind: the size of a completion is not known yet,
+        and calls reserved at their prompt's size alone would overrun the provider's window by their
+        completions, so only a probe's calls (``PROBE_CALLS``) may be in flight."""
+        return self.call_tokens.completions_seen() < answers and self.call_tokens.calls_per_minute(
+            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS) < self.budget.requests_per_minute
+
+    def in_flight(self, cap: int) -> int:
+        """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``)."""
+        latency = self.latency_s if self.latency_s is not None else _INITIAL_LATENCY_S
+        return in_flight_target(self.calls_per_minute() * self.budget.factor(), latency, cap)
+
+    def observe_latencies(self, latencies: list[float]) -> None:
+        for latency in latencies:
+            self.latency_s = latency if self.latency_s is None else (
+                (1 - _LATENCY_SMOOTHING) * self.latency_s + _LATENCY_SMOOTHING * latency)
+
+    def price(self, prompt_tokens: int, kind: str, max_tokens: int | None) -> int:
+        """The tokens to reserve for a call: its prompt and the completion expected of ``kind``."""
+        self.call_tokens.observe_prompt(prompt_tokens)
+        return prompt_tokens + self.call_tokens.expected_completion(kind, max_tokens)
+
+    def answered(self, completions: list[list]) -> None:
+        """Answers ([kind, completion tokens, charge error]): their means, the token headroom their errors
+        allow (``CallTokens.token_headroom``), and the budget corrected by their summed errors."""
+        if not completions:
+            return
+        for kind, completion, error in completions:
+            self.call_tokens.observe_completion(completion, kind, error)
+        headroom = self.call_tokens.token_headroom(self.budget.tokens_per_minute)
+        if headroom is not None:
+            self.budget.aim_tokens(headroom)
+        self.budget.settle(sum(error for _, _, error in completions))
+
+
 class RateLimiter:
     """A task's own budget, for callers without a coordinator (Spark Connect, query-time calls): the job's
-    limits times ``share`` (1 / the tasks that run at once, each its own Python worker) in a ``JobBudget``,
-    priced, aimed and probed from its answers as the coordinator does the job's. ``acquire`` sleeps for
-    exactly the wait its reservation was given (reservations are granted in call order: no polling)."""
+    limits times ``share`` (1 / the tasks that run at once, each its own Python worker), a ``ModelRate``
+    as the coordinator keeps the job's. ``acquire`` sleeps for exactly the wait its reservation was given
+    (reservations are granted in call order: no polling)."""
 
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, share: float = 1.0, *,
                  clock: Callable[[], float] = time.monotonic, **budget) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
-        self._share = share
-        self.budget = JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock, **budget)
-        self._call_tokens = CallTokens()
-        self._latency_s: float | None = None
+        # A task's share of the probe: together the tasks probe with about PROBE_CALLS calls.
+        self._probe = max(1, round(PROBE_CALLS * share))
+        self._rate = ModelRate(JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock,
+                                         **budget))
 
     def requests_per_minute(self) -> float:
         """Requests/min this task's budget allows now (a 429 halves it, then it recovers)."""
-        return self.budget.requests_per_minute * self.budget.factor()
+        return self._rate.budget.requests_per_minute * self._rate.budget.factor()
 
     async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
         """Reserve one request of ``tokens`` prompt tokens and the completion expected of ``kind``, and wait
         until it may be sent; returns the tokens charged (what ``settle`` corrects)."""
-        self._call_tokens.observe_prompt(tokens)
-        charged = tokens + self._call_tokens.expected_completion(kind, max_tokens)
-        wait = self.budget.reserve(charged)
+        charged = self._rate.price(tokens, kind, max_tokens)
+        wait = self._rate.budget.reserve(charged)
         if wait > 0:
             await asyncio.sleep(wait)
         return charged
 
     def settle(self, charged: int, prompt: int, completion: int, kind: str = "") -> None:
-        """Charge the difference between what ``acquire`` charged and the tokens the call really used, and
-        aim the tokens/min at the headroom the answers' errors allow (``CallTokens.token_headroom``)."""
-        error = prompt + completion - charged
-        self._call_tokens.observe_completion(completion, kind, error)
-        headroom = self._call_tokens.token_headroom(self.budget.tokens_per_minute)
-        if headroom is not None:
-            self.budget.aim_tokens(headroom)
-        self.budget.settle(error)
+        """Charge the difference between what ``acquire`` charged and the tokens the call really used."""
+        self._rate.answered([[kind, completion, prompt + completion - charged]])
 
     def observe_latency(self, latency_s: float) -> None:
         """A call's service time (its running mean sizes ``calls_in_flight``)."""
-        self._latency_s = smoothed_latency(self._latency_s, latency_s)
+        self._rate.observe_latencies([latency_s])
 
     def calls_in_flight(self, cap: int) -> int:
-        """The calls this task may have in flight (at most ``cap``): Little's law at its share of the rate and
-        the observed latency. Where tokens/min may bind, until the task's share of ``PROBE_CALLS`` answers
-        say how long a completion is, only that many: a reservation made before then charges the prompt
-        alone, and a whole window of them would overrun the provider's minute by their completions."""
-        requests, tokens = self.budget.requests_per_minute, self.budget.tokens_per_minute
-        probe = max(1, round(PROBE_CALLS * self._share))
-        if (self._call_tokens.completions_seen() < probe
-                and self._call_tokens.calls_per_minute(tokens, TYPICAL_PROMPT_TOKENS) < requests):
-            return min(cap, probe)
-        calls_per_minute = min(requests, self._call_tokens.calls_per_minute(tokens))
-        latency = self._latency_s if self._latency_s is not None else INITIAL_LATENCY_S
-        return in_flight_target(calls_per_minute * self.budget.factor(), latency, cap)
+        """The calls this task may have in flight (at most ``cap``): its share of the probe until as many
+        answers, then Little's law at its share of the rate and the observed latency."""
+        if self._rate.probing(self._probe):
+            return min(cap, self._probe)
+        return self._rate.in_flight(cap)
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         """A 429: pause this task's calls until ``Retry-After`` and halve its rate (``JobBudget``)."""
-        self.budget.on_rate_limited(retry_after_s)
+        self._rate.budget.on_rate_limited(retry_after_s)
 
 
 class CallSlots:
@@ -193,11 +228,6 @@ class CallSlots:
             async with self._freed:
                 self._held -= 1
                 self._freed.notify_all()
-
-
-def smoothed_latency(mean: float | None, latency_s: float) -> float:
-    """The running mean of a model's service latency, with one more call's."""
-    return latency_s if mean is None else (1 - _LATENCY_SMOOTHING) * mean + _LATENCY_SMOOTHING * latency_s
 
 
 def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, margin: float = 2.0,
