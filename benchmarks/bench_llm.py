@@ -17,6 +17,12 @@ a tokens/min limit (server and job); the shares are then of the limit the run us
 do): the path Databricks serverless and shared clusters take, with no coordinator, where each task
 throttles to its share of the budget (``RateLimiter``).
 
+``--embed BATCH_SIZE`` measures endpoint embeddings of the corpus's chunks in executors instead (the
+path of a table above ``DRIVER_EMBED_ROWS`` texts; classic, or waves on ``--connect``), requests limited
+by the server at ``--rpm``:
+
+    python benchmarks/bench_llm.py --embed 4 --connect --corpus ../shared/corpora/war_and_peace.txt --rpm 600
+
 ``--index`` runs the whole index instead (LLM extraction with gleanings, claims, summaries, LLM
 reports, endpoint embeddings; each endpoint limited by the server at ``--rpm``, the job
 configured to it) and prints the share of the limit sustained inside the chat LLM stages: while calling (a stage's
@@ -47,6 +53,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from graphrag_spark import tables as T  # noqa: E402
 from graphrag_spark.config import load_config  # noqa: E402
+from graphrag_spark.index import embed  # noqa: E402
 from graphrag_spark.index.chunks import build_text_units  # noqa: E402
 from graphrag_spark.index.documents import build_documents  # noqa: E402
 from graphrag_spark.index.extraction import extract_llm_instances  # noqa: E402
@@ -59,33 +66,48 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def _session(stack: ExitStack, root: str, connect: bool, overrides: list[str]):
+    """The benchmark's Spark session (through a local Spark Connect server with ``connect``) and config."""
+    master = []
+    if connect:
+        from tests.connect_server import connect_server
+
+        url = stack.enter_context(connect_server(REPO / ".cache" / "ivy", Path(root) / "connect_server.log"))
+        master = [f"spark.master={url}"]
+    cfg = load_config(REPO / "conf" / "local.yaml", [
+        f"storage.root={root}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *overrides, *master])
+    spark = build_spark(cfg.spark)
+    stack.callback(spark.stop)  # before its Connect server stops: a client left open keeps the process alive
+    return spark, cfg
+
+
+def _text_units(spark, cfg, max_chunks: int | None) -> int:
+    """The corpus chunked into the ``text_units`` table (its first ``max_chunks`` by id); their number."""
+    store = T.TableStore(spark, cfg.storage)
+    units = build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking)
+    if max_chunks:
+        units = units.orderBy("id").limit(max_chunks)
+    store.write(units, T.TEXT_UNITS)
+    return store.read(T.TEXT_UNITS).count()
+
+
+def _chunking(corpus: str, chunk_size: int) -> list[str]:
+    return [f"input.path={corpus}", f"chunking.size={chunk_size}", f"chunking.overlap={min(100, chunk_size // 6)}"]
+
+
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
         tpm: int | None = None, connect: bool = False) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
                                                   seed=1))
-        master = []
-        if connect:
-            from tests.connect_server import connect_server
-
-            url = stack.enter_context(connect_server(REPO / ".cache" / "ivy", Path(root) / "connect_server.log"))
-            master = [f"spark.master={url}"]
-        cfg = load_config(REPO / "conf" / "local.yaml", [
-            f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", f"chunking.size={chunk_size}",
-            f"chunking.overlap={min(100, chunk_size // 6)}", f"extraction.max_gleanings={gleanings}",
+        spark, cfg = _session(stack, root, connect, [
+            *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
-            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", "llm.items_per_commit=1000",
-            f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", *master])
-        spark = build_spark(cfg.spark)
-        stack.callback(spark.stop)  # before its Connect server stops: a client left open keeps the process alive
+            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", "llm.items_per_commit=1000"])
         store = T.TableStore(spark, cfg.storage)
-        units = build_text_units(build_documents(spark, cfg.input).documents, cfg.chunking)
-        if max_chunks:
-            units = units.orderBy("id").limit(max_chunks)
-        store.write(units, T.TEXT_UNITS)
+        n_chunks = _text_units(spark, cfg, max_chunks)
         units = store.read(T.TEXT_UNITS)
-        n_chunks = units.count()
         server.reset()
         started = time.perf_counter()
         usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id()).usages
@@ -116,6 +138,37 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
             # Little's law: calls in flight on average while calls were being served.
             "mean_in_flight": round(calls * usages[0].latency_p50_s / stats["served_span_s"], 1) if stats["served_span_s"] else 0.0,
             "goal_95pct_inside_stage": sustained / limit_per_minute >= 0.95, "goal_429s_le_1pct": stats["rate_limited"] <= 0.01 * calls}
+
+
+def run_embed_bench(corpus: str, rpm: int, latency: float, chunk_size: int, max_chunks: int | None,
+                    batch_size: int, connect: bool) -> dict:
+    """Endpoint embeddings of the corpus's chunks in executors (the path of a stage above
+    ``DRIVER_EMBED_ROWS`` texts), against a server that limits them to ``rpm`` requests/min."""
+    root = tempfile.mkdtemp(prefix="bench_llm_embed_")
+    os.environ.setdefault("OPENAI_API_KEY", "bench-local")
+    with ExitStack() as stack:
+        server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, seed=1))
+        spark, cfg = _session(stack, root, connect, [
+            *_chunking(corpus, chunk_size), "embeddings.provider=openai", f"embeddings.batch_size={batch_size}",
+            f"llm.embedding.api_base={server.base_url}", f"llm.embedding.requests_per_minute={rpm}",
+            "llm.embedding.tokens_per_minute=100000000"])
+        store = T.TableStore(spark, cfg.storage)
+        n_chunks = _text_units(spark, cfg, max_chunks)
+        embed.DRIVER_EMBED_ROWS = 0  # the executor path whatever the corpus's size (the client decides it)
+        server.reset()
+        started = time.monotonic()
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        wall = time.monotonic() - started
+        served, stats = server.served_intervals("embeddings"), server.stats()
+    calls = len(served)
+    span = max(b for _, b in served) - min(a for a, _ in served) if served else 0.0
+    return {"texts": n_chunks, "texts_embedded": counts[f"{T.TEXT_UNIT_EMBEDDINGS} texts embedded"],
+            "failed": counts[f"{T.TEXT_UNIT_EMBEDDINGS} failed"], "requests": calls, "limit_rpm": rpm,
+            "wall_s": round(wall, 1), "theoretical_min_s": round(calls / rpm * 60, 1),
+            "share_while_calling": round(calls / span * 60 / rpm, 3) if span else 0.0,
+            "share_over_stage": round(calls / wall * 60 / rpm, 3),
+            "server_429s": stats["rate_limited"],
+            "busiest_window_share": round(stats["busiest_window"].get("requests", 0) / rpm, 3)}
 
 
 def _busy_spans(served: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -294,13 +347,21 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
     parser.add_argument("--max-chunks", type=int, default=None)
-    parser.add_argument("--connect", action="store_true", help="extraction through a local Spark Connect server")
+    parser.add_argument("--connect", action="store_true", help="through a local Spark Connect server")
     parser.add_argument("--index", action="store_true", help="run the whole index (see the module's docstring)")
+    parser.add_argument("--embed", type=int, default=None, metavar="BATCH_SIZE",
+                        help="endpoint embeddings of the chunks in executors instead, this many texts a request")
     args = parser.parse_args()
     for corpus in args.corpus:
         if args.index:
             result = run_index_bench(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings)
             print(f"{corpus} (whole index): " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+            continue
+        if args.embed:
+            result = run_embed_bench(corpus, args.rpm, args.latency, args.chunk_size, args.max_chunks, args.embed,
+                                     args.connect)
+            print(f"{corpus} (endpoint embeddings in executors): " + ", ".join(f"{k}={v}" for k, v in result.items()),
+                  flush=True)
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect)
         print(f"{corpus}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)

@@ -30,7 +30,8 @@ INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATI
                 T.COMMUNITY_REPORTS, T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)
 
 
-# One document keeps the LLM index cheap; results in waves of two items exercise the Connect commit path.
+# One document keeps the LLM index cheap; results in waves of two items (and endpoint embeddings in waves of two
+# batches of two texts) exercise the Connect commit paths.
 LLM_CORPUS_FILE = "lumen_cells_factory.txt"
 LLM_KEY_ENV = "GRAPHRAG_CONNECT_TEST_KEY"
 
@@ -42,7 +43,7 @@ def config(root: str, input_path: str, *overrides: str):
 
 def llm_config(root: str, input_path: str, llm_base_url: str, *overrides: str):
     return config(root, input_path, "extraction.method=llm", "extraction.claims=true", "chunking.size=200",
-                  "chunking.overlap=30", "embeddings.provider=openai", "llm.items_per_commit=2",
+                  "chunking.overlap=30", "embeddings.provider=openai", "embeddings.batch_size=2", "llm.items_per_commit=2",
                   f"llm.chat.api_base={llm_base_url}", f"llm.embedding.api_base={llm_base_url}",
                   f"llm.chat.api_key_env={LLM_KEY_ENV}", f"llm.embedding.api_key_env={LLM_KEY_ENV}", *UNTHROTTLED, *overrides)
 
@@ -107,6 +108,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--llm-root", default=None, help="also build an LLM-method index of LLM_CORPUS_FILE here")
     args = parser.parse_args(argv)
 
+    from graphrag_spark.index import embed
     from graphrag_spark.index.pipeline import run_index
     from graphrag_spark.raptor.build import build_raptor
     from graphrag_spark.session import build_spark
@@ -124,9 +126,11 @@ def main(argv: list[str]) -> None:
         llm_input.mkdir(parents=True, exist_ok=True)
         (llm_input / LLM_CORPUS_FILE).write_bytes((Path(args.input) / LLM_CORPUS_FILE).read_bytes())
         llm_cfg = llm_config(args.llm_root, str(llm_input), args.llm, f"spark.master={args.remote}")
+        embed.DRIVER_EMBED_ROWS = 0  # the executor path of endpoint embeddings, whatever the tables' size
         llm_summary = run_index(spark, llm_cfg)
         verdict["llm_index"] = {"summary_counts": {k: str(v) for k, v in llm_summary.counts.items()},
                                 "rows": index_rows(spark, llm_cfg),
+                                "embedding_cache_commits": T.TableStore(spark, llm_cfg.storage).version(T.EMBEDDING_CACHE) + 1,
                                 "calls": {u.stage: u.calls for u in llm_summary.usage}}
     Path(args.out).write_text(json.dumps(verdict, indent=1, default=plain))
     spark.stop()

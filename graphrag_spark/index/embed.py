@@ -4,10 +4,9 @@ A stage of at most ``DRIVER_EMBED_ROWS`` input rows runs on the driver: one coll
 calls there, one write. A larger one is computed in executors (``mapInPandas``). The offline
 MiniLM loads its weights once per Python process; the ``openai`` provider calls the embeddings
 endpoint through the project client in batches of ``embeddings.batch_size``, each task throttled
-to its share of the job's budget (one over the tasks that run at once, ``task_share``), and at most
-``llm.items_per_commit`` rows per task. An item whose call finally failed is written with a null
-vector and counted; more failures than ``llm.max_failed_share`` fail the stage after the tables
-are written.
+to its share of the job's budget (one over the tasks that run at once, ``task_share``). An item whose
+call finally failed is written with a null vector and counted; more failures than
+``llm.max_failed_share`` fail the stage after the tables are written.
 
 Endpoint vectors go through the ``embedding_cache`` table (model, dimensions, text hash):
 a text already embedded by the same model is never requested again, in this index or a
@@ -17,7 +16,8 @@ Before that commit, each batch's vectors are journaled on the driver as the batc
 executors post theirs to a ``VectorJournal``), and the stage's next run commits the journal of a
 crashed one first: a driver crash loses at most the batches in flight. A task that Spark retries
 takes back the vectors its earlier attempt journaled and pays only for the rest. On Spark Connect
-the executors cannot reach the client, so the executor path journals nothing there.
+the executors cannot reach the client, so the executor path journals nothing there: it embeds in
+waves, each appended to the cache as it returns (``_embed_in_waves``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from threadpoolctl import threadpool_limits
 
 from graphrag_spark import tables as T
-from graphrag_spark.compat import default_parallelism, is_connect
+from graphrag_spark.compat import default_parallelism, is_connect, llm_tasks
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
@@ -245,31 +245,54 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                 .where((F.col("model") == model) & (F.col("dimensions") == dimensions)).select("text_hash", "vector"))
 
     keyed = frame.select("id", "text", text_hash(F.col("text")).alias("text_hash"))
+    # Held once counted: the embedding jobs read it from memory rather than deriving it again.
     missing = (keyed.dropDuplicates(["text_hash"]).join(cached().select("text_hash"), "text_hash", "left_anti")
-               .select(F.col("text_hash").alias("id"), "text"))
+               .select(F.col("text_hash").alias("id"), "text")).persist()
     n_missing = missing.count()
-    if n_missing:
-        journal = Journal(journal_path)
-        endpoint = None if is_connect(spark) else VectorJournal(spark, journal, cfg)
-        # A journaled task's retry pays again only for its batches in flight, so the task's size need not
-        # bound what a failure costs: one task per slot (up to JOURNALED_ROWS_PER_TASK rows), so that each
-        # pays the endpoint's latency once or twice, not once per llm.items_per_commit rows in waves of tasks.
-        rows_per_task = cfg.llm.items_per_commit if endpoint is None else max(
-            cfg.llm.items_per_commit, min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
-        try:
-            fresh = embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task),
-                                endpoint.url if endpoint else None)
-            store.write(fresh.where(F.col("vector").isNotNull())
-                        .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
-                                F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
-                        T.EMBEDDING_CACHE, mode="append", counted=False)
-        finally:
-            if endpoint is not None:
+
+    def append_to_cache(fresh: DataFrame) -> None:
+        store.write(fresh.where(F.col("vector").isNotNull())
+                    .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
+                            F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
+                    T.EMBEDDING_CACHE, mode="append", counted=False)
+
+    try:
+        if n_missing and is_connect(spark):
+            _embed_in_waves(missing, n_missing, cfg, append_to_cache)
+        elif n_missing:
+            journal = Journal(journal_path)
+            endpoint = VectorJournal(spark, journal, cfg)
+            # A journaled task's retry pays again only for its batches in flight, so the task's size need not
+            # bound what a failure costs: one task per slot (up to JOURNALED_ROWS_PER_TASK rows), so that each
+            # pays the endpoint's latency once or twice, not once per llm.items_per_commit rows in waves of tasks.
+            rows_per_task = max(cfg.llm.items_per_commit,
+                                min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
+            try:
+                append_to_cache(embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task), endpoint.url))
+            finally:
                 endpoint.close()
-            journal.close()
-        journal.discard()
+                journal.close()
+            journal.discard()
+    finally:
+        missing.unpersist()
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
+
+
+def _embed_in_waves(missing: DataFrame, n_missing: int, cfg: Config, append_to_cache: Callable[[DataFrame], None],
+                    ) -> None:
+    """Spark Connect: the executors cannot reach the client, so nothing is journaled. The texts run in waves
+    of ``llm.items_per_commit`` endpoint batches (split by a hash of the text), each one job that appends its
+    vectors to the cache: a client that goes down loses at most one wave's. A wave runs the fewest tasks its
+    batches allow (``llm_tasks``), each with its share of the whole budget: the client cannot see the slots,
+    and one task per ``llm.items_per_commit`` rows (200 shuffle partitions at least on a shared cluster)
+    each at one over the tasks left most of the budget idle (6 tasks on 2 slots used 0.32 of it)."""
+    batch_size = cfg.embeddings.batch_size
+    n_waves = math.ceil(n_missing / (cfg.llm.items_per_commit * batch_size))
+    tasks = llm_tasks(missing.sparkSession, math.ceil(n_missing / n_waves / batch_size))
+    wave_of = F.pmod(F.xxhash64("id"), F.lit(n_waves))
+    for wave in range(n_waves):
+        append_to_cache(embed_texts(missing.where(wave_of == wave) if n_waves > 1 else missing, cfg, tasks))
 
 
 def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[str, list[float]]:
