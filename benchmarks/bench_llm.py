@@ -96,7 +96,7 @@ def _chunking(corpus: str, chunk_size: int) -> list[str]:
 
 
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
-        tpm: int | None = None, connect: bool = False) -> dict:
+        tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
@@ -104,7 +104,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
-            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", "llm.items_per_commit=1000"])
+            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", f"llm.items_per_commit={items_per_commit}"])
         store = T.TableStore(spark, cfg.storage)
         n_chunks = _text_units(spark, cfg, max_chunks)
         units = store.read(T.TEXT_UNITS)
@@ -347,6 +347,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
     parser.add_argument("--max-chunks", type=int, default=None)
+    parser.add_argument("--items-per-commit", type=int, default=1000,
+                        help="extraction: llm.items_per_commit (on --connect, the items of a wave)")
     parser.add_argument("--connect", action="store_true", help="through a local Spark Connect server")
     parser.add_argument("--index", action="store_true", help="run the whole index (see the module's docstring)")
     parser.add_argument("--embed", type=int, default=None, metavar="BATCH_SIZE",
@@ -363,7 +365,8 @@ def main() -> None:
             print(f"{corpus} (endpoint embeddings in executors): " + ", ".join(f"{k}={v}" for k, v in result.items()),
                   flush=True)
             continue
-        result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect)
+        result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
+                     args.items_per_commit)
         print(f"{corpus}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -1,6 +1,7 @@
 """The LLM client through real HTTP and the real openai client: retries, throttling, failures as rows, secrets."""
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -283,6 +284,26 @@ def test_a_task_local_limiter_probes_then_keeps_its_share_of_the_rate_times_the_
     settings = LlmModelConfig().model_dump(exclude={"concurrency"})
     assert task_concurrency(LlmModelConfig(**settings), 256, 0.25) == 64, "unset: the task's share of llm.max_in_flight"
     assert task_concurrency(LlmModelConfig(**settings, concurrency=16), 256, 0.25) == 16
+
+
+def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned_without_probing():
+    """A Connect stage's next wave: a limiter given an earlier one's ``learned()`` (through JSON, as it comes
+    back from a task) keeps its latency and completion means: no probe, its window at once, and its first
+    call priced with the completion its kind of call answers. A new one probes and prices the prompt alone."""
+    from graphrag_spark.llm.throttle import in_flight_target
+
+    async def taught() -> RateLimiter:
+        limiter = RateLimiter(600, 200_000)
+        for _ in range(4):
+            charged = await limiter.acquire(1500, "extract")
+            limiter.observe_latency(10.0)
+            limiter.settle(charged, 1500, 500, "extract")
+        return limiter
+
+    learned = json.loads(json.dumps(asyncio.run(taught()).learned()))
+    seeded, fresh = RateLimiter(600, 200_000, learned=learned), RateLimiter(600, 200_000)
+    assert seeded.calls_in_flight(64) == in_flight_target(100, 10.0, 64) and fresh.calls_in_flight(64) == 4
+    assert asyncio.run(seeded.acquire(1500, "extract")) == 2000 and asyncio.run(fresh.acquire(1500, "extract")) == 1500
 
 
 def test_a_task_local_client_calls_four_until_the_first_answers_then_widens():

@@ -200,7 +200,8 @@ def _error_headers(exc: Exception) -> Mapping[str, str] | None:
 class LlmClient:
     """Async chat and embeddings for one configured model; use as ``async with LlmClient(cfg, share) as client``.
 
-    ``limiter`` replaces the task-local ``RateLimiter`` (the coordinator's job-wide budget);
+    ``limiter`` replaces the task-local ``RateLimiter`` (the coordinator's job-wide budget, or a task's own that
+    its caller keeps);
     ``concurrency`` replaces ``cfg.concurrency`` when the caller bounds its calls itself.
     """
 
@@ -370,16 +371,18 @@ def run_items(
     cfg: LlmModelConfig,
     share: float = 1.0,
     concurrency: int | None = None,
+    limiter: RateLimiter | None = None,
 ) -> list[T]:
     """Run ``fn(client, item)`` for all items concurrently on one event loop and one client; results in input order.
 
     The entry point for Spark pandas UDFs: ``share`` is this task's fraction of the job's budget;
-    ``concurrency`` replaces ``cfg.concurrency`` as the bound on calls in flight.
+    ``concurrency`` replaces ``cfg.concurrency`` as the bound on calls in flight; ``limiter``, the task's
+    budget where the caller keeps it (else one at ``share``).
     """
     items = list(items)
 
     async def main() -> list[T]:
-        async with LlmClient(cfg, share, concurrency=concurrency) as client:
+        async with LlmClient(cfg, share, limiter=limiter, concurrency=concurrency) as client:
             return list(await asyncio.gather(*(fn(client, item) for item in items)))
 
     return _run_sync(main)

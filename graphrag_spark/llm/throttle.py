@@ -111,16 +111,40 @@ class CallTokens:
         per_call = (self.prompt or unknown_prompt) + (self.completion or 0.0)
         return tokens_per_minute / per_call if per_call > 0 else math.inf
 
+    def learned(self) -> dict:
+        """The means and counts so far, as JSON (``CallTokens.of``)."""
+        return {"prompt": self.prompt, "completion": self.completion, "squared_error": self._squared_error,
+                "completion_by_kind": dict(self._completion_by_kind), "seen": dict(self._seen)}
+
+    @classmethod
+    def of(cls, learned: dict) -> CallTokens:
+        tokens = cls()
+        tokens.prompt, tokens.completion = learned["prompt"], learned["completion"]
+        tokens._squared_error = learned["squared_error"]
+        tokens._completion_by_kind, tokens._seen = dict(learned["completion_by_kind"]), dict(learned["seen"])
+        return tokens
+
 
 class ModelRate:
     """One model's budget as its answers price it: the ``JobBudget``, the calls' token means and charge
     errors (``CallTokens``) and the observed service latency. The coordinator keeps one per model for the
     whole job (``ModelBudget``); a task without a coordinator keeps its own (``RateLimiter``)."""
 
-    def __init__(self, budget: JobBudget, latency_s: float | None = None) -> None:
+    def __init__(self, budget: JobBudget, latency_s: float | None = None, learned: dict | None = None) -> None:
+        """``learned``: what another ``ModelRate`` of the same model and share had learned (``learned()``)."""
         self.budget = budget
         self.latency_s = latency_s
         self.call_tokens = CallTokens()
+        if learned is not None:
+            self.latency_s = learned["latency_s"]
+            self.call_tokens = CallTokens.of(learned["call_tokens"])
+            headroom = self.call_tokens.token_headroom(budget.tokens_per_minute)
+            if headroom is not None:
+                budget.aim_tokens(headroom)
+
+    def learned(self) -> dict:
+        """The observed latency and token means, as JSON: a later budget of the same model starts from them."""
+        return {"latency_s": self.latency_s, "call_tokens": self.call_tokens.learned()}
 
     def calls_per_minute(self) -> float:
         """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
@@ -168,13 +192,20 @@ class RateLimiter:
     (reservations are granted in call order: no polling)."""
 
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, share: float = 1.0, *,
-                 clock: Callable[[], float] = time.monotonic, **budget) -> None:
+                 clock: Callable[[], float] = time.monotonic, learned: dict | None = None, **budget) -> None:
+        """``learned``: an earlier task's ``learned()`` at the same share (the previous of a stage's waves on
+        Spark Connect): its latency and token means, so that this task neither probes nor prices its first
+        calls from nothing."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         # A task's share of the probe: together the tasks probe with about PROBE_CALLS calls.
         self._probe = max(1, round(PROBE_CALLS * share))
         self._rate = ModelRate(JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock,
-                                         **budget))
+                                         **budget), learned=learned)
+
+    def learned(self) -> dict:
+        """What this task's answers taught its budget (``ModelRate.learned``)."""
+        return self._rate.learned()
 
     def requests_per_minute(self) -> float:
         """Requests/min this task's budget allows now (a 429 halves it, then it recovers)."""
