@@ -261,9 +261,8 @@ def run_index_bench(corpus: str, rpm: int, latency: float, chunk_size: int, glea
     root = tempfile.mkdtemp(prefix="bench_llm_index_")
     with start_server(latency_s=latency, requests_per_minute=rpm, limit_per_endpoint=True, seed=1) as server:
         overrides = [
-            f"input.path={corpus}", f"storage.root={root}", "extraction.method=llm", f"chunking.size={chunk_size}",
-            f"chunking.overlap={min(100, chunk_size // 6)}", f"extraction.max_gleanings={gleanings}",
-            "reports.method=llm", "embeddings.provider=openai",
+            *_chunking(corpus, chunk_size), f"storage.root={root}", "extraction.method=llm",
+            f"extraction.max_gleanings={gleanings}", "reports.method=llm", "embeddings.provider=openai",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
             f"llm.embedding.api_base={server.base_url}", f"llm.embedding.requests_per_minute={rpm}",
             "llm.chat.tokens_per_minute=100000000", "llm.embedding.tokens_per_minute=100000000",

@@ -232,7 +232,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
 
     With the ``openai`` provider, only distinct texts missing from ``embedding_cache`` are
     requested; their vectors are journaled as they return (the journal of the stage ``name``) and
-    appended to the cache before the result is read from it. The offline encoder is deterministic
+    appended to the cache before the result is read from it (on Spark Connect, appended wave by wave). The offline encoder is deterministic
     and free: it computes every row.
     """
     if cfg.embeddings.provider != "openai":
@@ -260,23 +260,29 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
         if n_missing and is_connect(spark):
             _embed_in_waves(missing, n_missing, cfg, append_to_cache)
         elif n_missing:
-            journal = Journal(journal_path)
-            endpoint = VectorJournal(spark, journal, cfg)
-            # A journaled task's retry pays again only for its batches in flight, so the task's size need not
-            # bound what a failure costs: one task per slot (up to JOURNALED_ROWS_PER_TASK rows), so that each
-            # pays the endpoint's latency once or twice, not once per llm.items_per_commit rows in waves of tasks.
-            rows_per_task = max(cfg.llm.items_per_commit,
-                                min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
-            try:
-                append_to_cache(embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task), endpoint.url))
-            finally:
-                endpoint.close()
-                journal.close()
-            journal.discard()
+            _embed_journaled(missing, n_missing, cfg, Journal(journal_path), append_to_cache)
     finally:
         missing.unpersist()
     vectors = cached().dropDuplicates(["text_hash"])
     return keyed.join(vectors, "text_hash", "left").select("id", "vector", F.lit(model).alias("model_name")), n_missing
+
+
+def _embed_journaled(missing: DataFrame, n_missing: int, cfg: Config, journal: Journal,
+                     append_to_cache: Callable[[DataFrame], None]) -> None:
+    """The classic path: one job whose tasks post each batch's vectors to the driver's ``VectorJournal``.
+    A journaled task's retry pays again only for its batches in flight, so the task's size need not bound
+    what a failure costs: one task per slot (up to ``JOURNALED_ROWS_PER_TASK`` rows), so that each pays the
+    endpoint's latency once or twice, not once per ``llm.items_per_commit`` rows in waves of tasks."""
+    spark = missing.sparkSession
+    endpoint = VectorJournal(spark, journal, cfg)
+    rows_per_task = max(cfg.llm.items_per_commit,
+                        min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
+    try:
+        append_to_cache(embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task), endpoint.url))
+    finally:
+        endpoint.close()
+        journal.close()
+    journal.discard()
 
 
 def _embed_in_waves(missing: DataFrame, n_missing: int, cfg: Config, append_to_cache: Callable[[DataFrame], None],

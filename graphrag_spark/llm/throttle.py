@@ -138,9 +138,13 @@ class ModelRate:
         if learned is not None:
             self.latency_s = learned["latency_s"]
             self.call_tokens = CallTokens.of(learned["call_tokens"])
-            headroom = self.call_tokens.token_headroom(budget.tokens_per_minute)
-            if headroom is not None:
-                budget.aim_tokens(headroom)
+            self._aim_tokens()
+
+    def _aim_tokens(self) -> None:
+        """Aim the budget's tokens at the headroom the answers' errors allow (``CallTokens.token_headroom``)."""
+        headroom = self.call_tokens.token_headroom(self.budget.tokens_per_minute)
+        if headroom is not None:
+            self.budget.aim_tokens(headroom)
 
     def learned(self) -> dict:
         """The observed latency and token means, as JSON: a later budget of the same model starts from them."""
@@ -179,9 +183,7 @@ class ModelRate:
             return
         for kind, completion, error in completions:
             self.call_tokens.observe_completion(completion, kind, error)
-        headroom = self.call_tokens.token_headroom(self.budget.tokens_per_minute)
-        if headroom is not None:
-            self.budget.aim_tokens(headroom)
+        self._aim_tokens()
         self.budget.settle(sum(error for _, _, error in completions))
 
 
