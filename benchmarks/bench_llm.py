@@ -95,8 +95,13 @@ def _chunking(corpus: str, chunk_size: int) -> list[str]:
     return [f"input.path={corpus}", f"chunking.size={chunk_size}", f"chunking.overlap={min(100, chunk_size // 6)}"]
 
 
+def _wave_time(connect_wave_s: float | None) -> list[str]:
+    return [] if connect_wave_s is None else [f"llm.connect_wave_s={connect_wave_s:.10f}"]
+
+
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
-        tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000) -> dict:
+        tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000,
+        connect_wave_s: float | None = None) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
@@ -104,7 +109,8 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
-            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", f"llm.items_per_commit={items_per_commit}"])
+            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", f"llm.items_per_commit={items_per_commit}",
+            *_wave_time(connect_wave_s)])
         store = T.TableStore(spark, cfg.storage)
         n_chunks = _text_units(spark, cfg, max_chunks)
         units = store.read(T.TEXT_UNITS)
@@ -113,6 +119,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         usages = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, new_run_id()).usages
         wall = time.perf_counter() - started
         stats = server.stats()
+        commits = store.version(T.LLM_RESULTS) + 1  # on --connect, one a wave
     calls = stats["served"]["chat"]
     tokens = stats["prompt_tokens"] + stats["completion_tokens"]  # what the server charged its tokens/min window
     span_s = stats["served_span_s"]
@@ -121,6 +128,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
     limit_per_minute, used = (tpm, tokens) if binding == "tokens/min" else (rpm, calls)
     sustained = used / span_s * 60 if span_s else 0.0
     return {"chunks": n_chunks, "calls": calls, "calls_per_chunk": round(calls / n_chunks, 2), "wall_s": round(wall, 1),
+            "llm_results_commits": commits,
             "tokens": tokens, "tokens_per_call": round(tokens / max(1, calls)),
             "binding_limit": binding,
             "theoretical_min_s": round(used / limit_per_minute * 60, 1), "achieved_rpm": round(calls / wall * 60, 1),
@@ -141,7 +149,8 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
 
 
 def run_embed_bench(corpus: str, rpm: int, latency: float, chunk_size: int, max_chunks: int | None,
-                    batch_size: int, connect: bool) -> dict:
+                    batch_size: int, connect: bool, connect_wave_s: float | None = None,
+                    items_per_commit: int | None = None) -> dict:
     """Endpoint embeddings of the corpus's chunks in executors (the path of a stage above
     ``DRIVER_EMBED_ROWS`` texts), against a server that limits them to ``rpm`` requests/min."""
     root = tempfile.mkdtemp(prefix="bench_llm_embed_")
@@ -151,7 +160,8 @@ def run_embed_bench(corpus: str, rpm: int, latency: float, chunk_size: int, max_
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "embeddings.provider=openai", f"embeddings.batch_size={batch_size}",
             f"llm.embedding.api_base={server.base_url}", f"llm.embedding.requests_per_minute={rpm}",
-            "llm.embedding.tokens_per_minute=100000000"])
+            "llm.embedding.tokens_per_minute=100000000", *_wave_time(connect_wave_s),
+            *([f"llm.items_per_commit={items_per_commit}"] if items_per_commit else [])])
         store = T.TableStore(spark, cfg.storage)
         n_chunks = _text_units(spark, cfg, max_chunks)
         embed.DRIVER_EMBED_ROWS = 0  # the executor path whatever the corpus's size (the client decides it)
@@ -160,11 +170,12 @@ def run_embed_bench(corpus: str, rpm: int, latency: float, chunk_size: int, max_
         counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
         wall = time.monotonic() - started
         served, stats = server.served_intervals("embeddings"), server.stats()
+        commits = store.version(T.EMBEDDING_CACHE) + 1  # on --connect, one a wave
     calls = len(served)
     span = max(b for _, b in served) - min(a for a, _ in served) if served else 0.0
     return {"texts": n_chunks, "texts_embedded": counts[f"{T.TEXT_UNIT_EMBEDDINGS} texts embedded"],
             "failed": counts[f"{T.TEXT_UNIT_EMBEDDINGS} failed"], "requests": calls, "limit_rpm": rpm,
-            "wall_s": round(wall, 1), "theoretical_min_s": round(calls / rpm * 60, 1),
+            "wall_s": round(wall, 1), "theoretical_min_s": round(calls / rpm * 60, 1), "cache_commits": commits,
             "share_while_calling": round(calls / span * 60 / rpm, 3) if span else 0.0,
             "share_over_stage": round(calls / wall * 60 / rpm, 3),
             "server_429s": stats["rate_limited"],
@@ -346,27 +357,33 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
     parser.add_argument("--max-chunks", type=int, default=None)
-    parser.add_argument("--items-per-commit", type=int, default=1000,
-                        help="extraction: llm.items_per_commit (on --connect, the items of a wave)")
+    parser.add_argument("--items-per-commit", type=int, default=None,
+                        help="llm.items_per_commit (on --connect, the first wave's items and the fewest of any; "
+                             "extraction: 1000 unset, embeddings: the config's)")
+    parser.add_argument("--connect-wave-s", type=float, action="append", default=None,
+                        help="on --connect: llm.connect_wave_s (the budget's seconds a later wave holds; the config's "
+                             "default unset); repeat to run each in turn, e.g. 0.00000001 (every wave at its fewest) "
+                             "against the default 300"),
     parser.add_argument("--connect", action="store_true", help="through a local Spark Connect server")
     parser.add_argument("--index", action="store_true", help="run the whole index (see the module's docstring)")
     parser.add_argument("--embed", type=int, default=None, metavar="BATCH_SIZE",
                         help="endpoint embeddings of the chunks in executors instead, this many texts a request")
     args = parser.parse_args()
-    for corpus in args.corpus:
+    for corpus, connect_wave_s in ((c, w) for c in args.corpus for w in args.connect_wave_s or [None]):
+        waves = f" (llm.connect_wave_s={connect_wave_s})" if connect_wave_s is not None else ""
         if args.index:
             result = run_index_bench(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings)
             print(f"{corpus} (whole index): " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
             continue
         if args.embed:
             result = run_embed_bench(corpus, args.rpm, args.latency, args.chunk_size, args.max_chunks, args.embed,
-                                     args.connect)
-            print(f"{corpus} (endpoint embeddings in executors): " + ", ".join(f"{k}={v}" for k, v in result.items()),
+                                     args.connect, connect_wave_s, args.items_per_commit)
+            print(f"{corpus}{waves} (endpoint embeddings in executors): " + ", ".join(f"{k}={v}" for k, v in result.items()),
                   flush=True)
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
-                     args.items_per_commit)
-        print(f"{corpus}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+                     args.items_per_commit or 1000, connect_wave_s)
+        print(f"{corpus}{waves}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 
 if __name__ == "__main__":

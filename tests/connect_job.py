@@ -31,7 +31,8 @@ INDEX_TABLES = (T.DOCUMENTS, T.INPUT_REJECTS, T.TEXT_UNITS, T.ENTITIES, T.RELATI
 
 
 # One document keeps the LLM index cheap; results in waves of two items (and endpoint embeddings in waves of two
-# batches of two texts) exercise the Connect commit paths.
+# batches of two texts) exercise the Connect commit paths: a wave time far below one call at the test's
+# unthrottled limits keeps every wave at its floor, llm.items_per_commit.
 LLM_CORPUS_FILE = "lumen_cells_factory.txt"
 LLM_KEY_ENV = "GRAPHRAG_CONNECT_TEST_KEY"
 
@@ -44,6 +45,7 @@ def config(root: str, input_path: str, *overrides: str):
 def llm_config(root: str, input_path: str, llm_base_url: str, *overrides: str):
     return config(root, input_path, "extraction.method=llm", "extraction.claims=true", "chunking.size=200",
                   "chunking.overlap=30", "embeddings.provider=openai", "embeddings.batch_size=2", "llm.items_per_commit=2",
+                  "llm.connect_wave_s=0.00000001",
                   f"llm.chat.api_base={llm_base_url}", f"llm.embedding.api_base={llm_base_url}",
                   f"llm.chat.api_key_env={LLM_KEY_ENV}", f"llm.embedding.api_key_env={LLM_KEY_ENV}", *UNTHROTTLED, *overrides)
 

@@ -306,6 +306,30 @@ def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned_without_pr
     assert asyncio.run(seeded.acquire(1500, "extract")) == 2000 and asyncio.run(fresh.acquire(1500, "extract")) == 1500
 
 
+def test_connect_waves_after_the_first_hold_what_the_learned_budget_calls_in_the_wave_time():
+    """A Connect stage's first wave holds ``llm.items_per_commit`` items (nothing answered yet); the next ones
+    the items the budget calls in ``llm.connect_wave_s`` at the learned calls' size and the calls per item seen,
+    so that a wave's tail is the same share of any limit; never fewer than ``llm.items_per_commit``."""
+    from graphrag_spark.config import LlmConfig
+    from graphrag_spark.llm.stage import llm_wave_items
+    from graphrag_spark.llm.throttle import wave_items
+
+    limiter = RateLimiter(600, 200_000)
+    for _ in range(4):
+        charged = asyncio.run(limiter.acquire(1500, "extract"))
+        limiter.settle(charged, 1500, 500, "extract")
+    learned = json.loads(json.dumps(limiter.learned()))
+    llm = LlmConfig(items_per_commit=16, connect_wave_s=300.0)
+    tokens_bind = LlmModelConfig(requests_per_minute=600, tokens_per_minute=200_000)
+    assert llm_wave_items(llm, tokens_bind, None, 0.0) == 16
+    # 200k tokens/min at 2,000 a call: 100 calls a minute, 500 in 300 s, two calls an item.
+    assert llm_wave_items(llm, tokens_bind, learned, 2.0) == 250
+    requests_bind = LlmModelConfig(requests_per_minute=60, tokens_per_minute=10**9)
+    assert llm_wave_items(llm, requests_bind, learned, 1.0) == 300
+    assert llm_wave_items(llm, LlmModelConfig(requests_per_minute=6, tokens_per_minute=10**9), learned, 2.0) == 16
+    assert wave_items(600, 300.0, 0.5, 1) == 3000, "fewer than one call an item (failures) counts as one"
+
+
 def test_a_task_local_client_calls_four_until_the_first_answers_then_widens():
     long = [ChatRequest(messages=[{"role": "user", "content": f"{i} " + "word " * 1000}], item_id=str(i), stage="test")
             for i in range(40)]

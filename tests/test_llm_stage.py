@@ -12,7 +12,7 @@ import pytest
 
 from graphrag_spark import tables as T
 from graphrag_spark.llm.server import start_server
-from graphrag_spark.llm.stage import FreshResults, LlmWork, new_run_id, run_llm_stage
+from graphrag_spark.llm.stage import FreshResults, LlmWork, connect_waves, new_run_id, run_llm_stage
 
 pytestmark = pytest.mark.spark
 
@@ -623,3 +623,18 @@ def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     assert budget.reserve(100) == 0 and budget.reserve(100) == pytest.approx(1.0, abs=0.01)  # 100 tokens/s
     budget.aim_tokens(0.5)
     assert budget.reserve(0) == pytest.approx(2.0, abs=0.01), "the debt now repaid at 50 tokens/s"
+
+
+def test_connect_waves_split_every_row_once_each_wave_as_big_as_asked_when_it_starts(spark):
+    """Connect's waves split the rows by a hash of their key, sized as each wave starts (the first
+    ``llm.items_per_commit``, the next from what it measured): every row in one wave, the last the rest."""
+    frame = spark.range(2000).selectExpr("cast(id as string) as item_key")
+    sizes = iter([100, 600])
+    waves = [(wave.collect(), expected)
+             for wave, expected in connect_waves(frame, "item_key", 2000, lambda: next(sizes, 600))]
+    keys = [row.item_key for rows, _ in waves for row in rows]
+    assert sorted(keys) == sorted(str(i) for i in range(2000)), "every row once"
+    assert [expected for _, expected in waves] == [100, 600, 600, 700]
+    for rows, expected in waves:
+        assert abs(len(rows) - expected) <= 4 * math.sqrt(expected), (len(rows), expected)
+    assert list(connect_waves(frame, "item_key", 0, lambda: 1)) == []

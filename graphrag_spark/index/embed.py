@@ -46,7 +46,8 @@ from graphrag_spark.errors import StageFailed
 from graphrag_spark.llm.client import task_concurrency
 from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json, read_journal
 from graphrag_spark.llm.secrets import ensure_api_key
-from graphrag_spark.llm.stage import driver_host, recover_journal, stage_journal
+from graphrag_spark.llm.stage import connect_waves, driver_host, recover_journal, stage_journal
+from graphrag_spark.llm.throttle import wave_items
 
 # Up to this many input rows a stage embeds on the driver (one collect, one write: ~10 Spark jobs, most of
 # them Delta's; the executor path costs ~30, 11-19 s on 2 cores for 40 texts as for 300). At 1,000 texts
@@ -141,6 +142,8 @@ def _embed_on_driver(texts: list[str], cfg: Config,
 
 # Most texts per executor task whose batches are journaled on the driver: its vectors are held in the task.
 JOURNALED_ROWS_PER_TASK = 10_000
+# Sizing Connect's embedding waves only: cl100k on English text.
+_CHARS_PER_TOKEN = 4.0
 
 
 def _partitions(spark: SparkSession, rows: int, rows_per_task: int) -> int:
@@ -248,7 +251,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
     # Held once counted: the embedding jobs read it from memory rather than deriving it again.
     missing = (keyed.dropDuplicates(["text_hash"]).join(cached().select("text_hash"), "text_hash", "left_anti")
                .select(F.col("text_hash").alias("id"), "text")).persist()
-    n_missing = missing.count()
+    n_missing, mean_chars = missing.agg(F.count("*"), F.avg(F.length("text"))).first()
 
     def append_to_cache(fresh: DataFrame) -> None:
         store.write(fresh.where(F.col("vector").isNotNull())
@@ -258,7 +261,7 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
 
     try:
         if n_missing and is_connect(spark):
-            _embed_in_waves(missing, n_missing, cfg, append_to_cache)
+            _embed_in_waves(missing, n_missing, mean_chars or 0.0, cfg, append_to_cache)
         elif n_missing:
             _embed_journaled(missing, n_missing, cfg, Journal(journal_path), append_to_cache)
     finally:
@@ -285,20 +288,24 @@ def _embed_journaled(missing: DataFrame, n_missing: int, cfg: Config, journal: J
     journal.discard()
 
 
-def _embed_in_waves(missing: DataFrame, n_missing: int, cfg: Config, append_to_cache: Callable[[DataFrame], None],
-                    ) -> None:
+def _embed_in_waves(missing: DataFrame, n_missing: int, mean_chars: float, cfg: Config,
+                    append_to_cache: Callable[[DataFrame], None]) -> None:
     """Spark Connect: the executors cannot reach the client, so nothing is journaled. The texts run in waves
-    of ``llm.items_per_commit`` endpoint batches (split by a hash of the text), each one job that appends its
-    vectors to the cache: a client that goes down loses at most one wave's. A wave runs the fewest tasks its
-    batches allow (``llm_tasks``), each with its share of the whole budget: the client cannot see the slots,
-    and one task per ``llm.items_per_commit`` rows (200 shuffle partitions at least on a shared cluster)
-    each at one over the tasks left most of the budget idle (6 tasks on 2 slots used 0.32 of it)."""
-    batch_size = cfg.embeddings.batch_size
-    n_waves = math.ceil(n_missing / (cfg.llm.items_per_commit * batch_size))
-    tasks = llm_tasks(missing.sparkSession, math.ceil(n_missing / n_waves / batch_size))
-    wave_of = F.pmod(F.xxhash64("id"), F.lit(n_waves))
-    for wave in range(n_waves):
-        append_to_cache(embed_texts(missing.where(wave_of == wave) if n_waves > 1 else missing, cfg, tasks))
+    (``connect_waves``) of the endpoint batches the budget sends in ``llm.connect_wave_s`` (at least
+    ``llm.items_per_commit``), each one job that appends its vectors to the cache: a client that goes down
+    loses at most one wave's. A wave ends with its last batches' latency: sized in time, that tail is the
+    same small share of any limit (at 10 s latency, waves of 256 batches held 0.645 of 600 requests/min, one
+    wave of 384 sized in time 0.795). A wave runs the fewest tasks its batches allow (``llm_tasks``), each
+    with its share of the whole budget: the client cannot see the slots, and one task per
+    ``llm.items_per_commit`` rows (200 shuffle partitions at least on a shared cluster) each at one over the
+    tasks left most of the budget idle (6 tasks on 2 slots used 0.32 of it)."""
+    model, batch_size = cfg.llm.embedding, cfg.embeddings.batch_size
+    # Requests/min, or tokens/min at the mean batch (``_CHARS_PER_TOKEN``).
+    requests_per_minute = min(model.requests_per_minute,
+                              model.tokens_per_minute / max(1.0, batch_size * mean_chars / _CHARS_PER_TOKEN))
+    texts = batch_size * wave_items(requests_per_minute, cfg.llm.connect_wave_s, 1.0, cfg.llm.items_per_commit)
+    for wave, expected in connect_waves(missing, "id", n_missing, lambda: texts):
+        append_to_cache(embed_texts(wave, cfg, llm_tasks(missing.sparkSession, math.ceil(expected / batch_size))))
 
 
 def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[str, list[float]]:

@@ -24,8 +24,9 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
   appends its stages' rows in one commit at its end (``TableStore.deferred_usage``), not one per stage.
 
 On Spark Connect the executors cannot reach the client, so there is no coordinator: tasks
-throttle to ``1/tasks`` of the budget, and the items run in waves of ``llm.items_per_commit``, each
-committed when its job returns (a client that goes down loses at most one wave's calls).
+throttle to ``1/tasks`` of the budget, and the items run in waves (``llm.items_per_commit`` items, then
+the items the budget calls in ``llm.connect_wave_s``), each committed when its job returns (a client that
+goes down loses at most one wave's calls).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from graphrag_spark.llm.client import CallResult, LlmClient, run_items, task_con
 from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
                                             rows_frame, shared_budget, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
-from graphrag_spark.llm.throttle import RateLimiter
+from graphrag_spark.llm.throttle import JobBudget, ModelRate, RateLimiter, wave_items
 from graphrag_spark.progress import llm_meter
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
@@ -531,22 +532,56 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     return coordinator.usage()
 
 
+# Connect's waves take ranges of a hash of their items' keys in [0, _WAVE_HASHES).
+_WAVE_HASHES = 1 << 40
+
+
+def connect_waves(frame: DataFrame, key: str, n_items: int, next_size: Callable[[], int],
+                  ) -> Iterator[tuple[DataFrame, int]]:
+    """Spark Connect's waves over ``frame``'s ``n_items`` rows, split by a hash of ``key``: each about
+    ``next_size()`` rows (asked as the wave starts, so that it can follow what the earlier waves measured),
+    the last the rest (up to half a wave more). Yields each wave's rows and the rows expected in it; no job runs to split them."""
+    position = F.pmod(F.xxhash64(key), F.lit(_WAVE_HASHES))
+    low, left = 0, n_items
+    while left > 0:
+        size = max(1, next_size())
+        size = left if left - size < size / 2 else size  # no last wave of a few rows: its own tail and job
+        high = _WAVE_HASHES if size == left else low + round(_WAVE_HASHES * size / n_items)
+        yield frame if size == n_items else frame.where((position >= low) & (position < high)), size
+        low, left = high, left - size
+
+
+def llm_wave_items(llm: LlmConfig, model: LlmModelConfig, learned: dict | None, calls_per_item: float) -> int:
+    """The items of an LLM stage's next wave on Spark Connect: ``llm.items_per_commit`` before any answer (the
+    first), then those the budget calls in ``llm.connect_wave_s`` at the rate that ``learned`` (the previous
+    wave's ``RateLimiter.learned``) prices its calls and the ``calls_per_item`` seen (at least
+    ``llm.items_per_commit``)."""
+    if learned is None:
+        return llm.items_per_commit
+    rate = ModelRate(JobBudget(model.requests_per_minute, model.tokens_per_minute), learned=learned)
+    return wave_items(rate.calls_per_minute(), llm.connect_wave_s, calls_per_item, llm.items_per_commit)
+
+
 def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, pending: DataFrame,
                   n_pending: int, safe_fn, row_of, meter, returned: list[dict] | None) -> UsageFigures:
     """Spark Connect: the executors cannot reach the client, so there is no coordinator. Each task
     throttles to its share of the budget (and keeps its share of the rate x the latency in flight,
-    ``RateLimiter.calls_in_flight``), and the items run in waves of ``llm.items_per_commit``
-    (split by a hash of the item key): a wave's rows come back to the client and are committed before
-    the next wave starts, so a client that goes down loses at most one wave's calls. A wave's tasks start
-    from what the previous wave's budget had learned (``RateLimiter.learned``: the latency and the token
-    means), so that only the first wave probes: Carol in 6 waves at 200k tokens/min and 10 s latency
-    held 0.619 of the limit while calling, 0.513 learning afresh each wave (0.853 in one wave)."""
-    n_waves = math.ceil(n_pending / llm.items_per_commit)
-    wave_tasks = llm_tasks(spark, math.ceil(n_pending / n_waves))
-    share = 1.0 / wave_tasks
-    concurrency = task_concurrency(model, llm.max_in_flight, share)
+    ``RateLimiter.calls_in_flight``), and the items run in waves (``connect_waves``): a wave's rows come
+    back to the client and are committed before the next wave starts, so a client that goes down loses
+    at most one wave's calls. A wave's tasks start from what the previous wave's budget had learned
+    (``RateLimiter.learned``: the latency and the token means), so that only the first wave probes: Carol
+    in 6 waves at 200k tokens/min and 10 s latency held 0.619 of the limit while calling, 0.513 learning
+    afresh each wave (0.853 in one wave). A wave ends with its slowest items' chains, so the first
+    (``llm.items_per_commit`` items, the rate not known yet) is followed by waves of the items the budget
+    calls in ``llm.connect_wave_s`` at the rate the learned token means allow and the calls per item seen."""
+    learned: dict | None = None
+    usage_rows: list[dict] = []
 
-    def call_partition(learned: dict | None) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    def next_size() -> int:
+        return llm_wave_items(llm, model, learned, usage_of(usage_rows).calls / max(1, len(usage_rows)))
+
+    def call_partition(share: float, concurrency: int, learned: dict | None,
+                       ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
         def call(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             records = [record for frame in frames for record in frame.to_dict("records")]
             if not records:  # a wave's hash split can leave a task empty; an empty frame fails Arrow's conversion
@@ -558,12 +593,11 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
 
         return call
 
-    wave_of = F.pmod(F.xxhash64("item_key"), F.lit(n_waves))
-    usage_rows: list[dict] = []
-    learned = None
-    for wave in range(n_waves):
-        items = pending.where(wave_of == wave) if n_waves > 1 else pending
-        out = items.repartition(wave_tasks).mapInPandas(call_partition(learned), "row string, learned string").toPandas()
+    for items, expected in connect_waves(pending, "item_key", n_pending, next_size):
+        tasks = llm_tasks(spark, expected)
+        share = 1.0 / tasks
+        call = call_partition(share, task_concurrency(model, llm.max_in_flight, share), learned)
+        out = items.repartition(tasks).mapInPandas(call, "row string, learned string").toPandas()
         rows = [json.loads(r) for r in out["row"]]
         # The task that saw the most answers knows the model best (one task per wave but on big waves).
         learned = max((json.loads(state) for state in out["learned"].dropna()),

@@ -276,6 +276,13 @@ def in_flight_target(requests_per_minute: float, latency_s: float, cap: int, mar
     return max(1, min(cap, math.ceil(rate * (latency_s * margin + slack_s)) + 1))
 
 
+def wave_items(calls_per_minute: float, wave_s: float, calls_per_item: float, least: int) -> int:
+    """The items of a wave that keeps a budget of ``calls_per_minute`` sending for ``wave_s`` seconds, at
+    ``calls_per_item`` calls each (at least ``least``). A wave ends with its last items' calls, while no new
+    ones start: sized in time rather than items, that tail is the same small share of any limit."""
+    return max(least, math.floor(calls_per_minute / 60.0 * wave_s / max(calls_per_item, 1.0)))
+
+
 class JobBudget:
     """The whole job's requests/min and tokens/min budget, in one place (the driver's coordinator).
 
