@@ -540,7 +540,8 @@ def connect_waves(frame: DataFrame, key: str, n_items: int, next_size: Callable[
                   ) -> Iterator[tuple[DataFrame, int]]:
     """Spark Connect's waves over ``frame``'s ``n_items`` rows, split by a hash of ``key``: each about
     ``next_size()`` rows (asked as the wave starts, so that it can follow what the earlier waves measured),
-    the last the rest (up to half a wave more). Yields each wave's rows and the rows expected in it; no job runs to split them."""
+    the last the rest (up to half a wave more). Yields each wave's rows and the rows expected in it; no job
+    runs to split them."""
     position = F.pmod(F.xxhash64(key), F.lit(_WAVE_HASHES))
     low, left = 0, n_items
     while left > 0:
@@ -569,11 +570,12 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     ``RateLimiter.calls_in_flight``), and the items run in waves (``connect_waves``): a wave's rows come
     back to the client and are committed before the next wave starts, so a client that goes down loses
     at most one wave's calls. A wave's tasks start from what the previous wave's budget had learned
-    (``RateLimiter.learned``: the latency and the token means), so that only the first wave probes: Carol
-    in 6 waves at 200k tokens/min and 10 s latency held 0.619 of the limit while calling, 0.513 learning
-    afresh each wave (0.853 in one wave). A wave ends with its slowest items' chains, so the first
-    (``llm.items_per_commit`` items, the rate not known yet) is followed by waves of the items the budget
-    calls in ``llm.connect_wave_s`` at the rate the learned token means allow and the calls per item seen."""
+    (``RateLimiter.learned``: the latency and the token means), so that only the first wave probes. A wave
+    ends with its slowest items' chains, so the first (``llm.items_per_commit`` items, the rate not known
+    yet) is followed by waves of the items the budget calls in ``llm.connect_wave_s``
+    (``llm_wave_items``): Carol at 200k tokens/min and 10 s latency in 6 waves of 16 items held 0.642 of
+    the limit while calling (0.513 learning afresh each wave), in a first wave of 16 and one sized in time
+    0.834 (0.853 in one wave)."""
     learned: dict | None = None
     usage_rows: list[dict] = []
 
