@@ -15,7 +15,8 @@ a tokens/min limit (server and job); the shares are then of the limit the run us
 
 ``--connect`` runs the extraction through a local Spark Connect server (started here, as the tests
 do): the path Databricks serverless and shared clusters take, with no coordinator, where each task
-throttles to its share of the budget (``RateLimiter``).
+throttles to its share of the budget (``RateLimiter``), in waves; ``--connect-wave-s S`` (repeatable: each
+value runs in turn) sets ``llm.connect_wave_s``, a tiny one keeping every wave at ``--items-per-commit``.
 
 ``--embed BATCH_SIZE`` measures endpoint embeddings of the corpus's chunks in executors instead (the
 path of a table above ``DRIVER_EMBED_ROWS`` texts; classic, or waves on ``--connect``), requests limited
