@@ -235,8 +235,8 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
 
     With the ``openai`` provider, only distinct texts missing from ``embedding_cache`` are
     requested; their vectors are journaled as they return (the journal of the stage ``name``) and
-    appended to the cache before the result is read from it (on Spark Connect, appended wave by wave). The offline encoder is deterministic
-    and free: it computes every row.
+    appended to the cache before the result is read from it (on Spark Connect, appended wave by wave).
+    The offline encoder is deterministic and free: it computes every row.
     """
     if cfg.embeddings.provider != "openai":
         return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows

@@ -578,17 +578,18 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     0.834 (0.853 in one wave)."""
     learned: dict | None = None
     usage_rows: list[dict] = []
+    calls = 0
 
     def next_size() -> int:
-        return llm_wave_items(llm, model, learned, usage_of(usage_rows).calls / max(1, len(usage_rows)))
+        return llm_wave_items(llm, model, learned, calls / max(1, len(usage_rows)))
 
-    def call_partition(share: float, concurrency: int, learned: dict | None,
+    def call_partition(share: float, concurrency: int, start_from: dict | None,
                        ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
         def call(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             records = [record for frame in frames for record in frame.to_dict("records")]
             if not records:  # a wave's hash split can leave a task empty; an empty frame fails Arrow's conversion
                 return
-            limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=learned)
+            limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from)
             works = run_items(records, safe_fn, model, share, concurrency, limiter)
             rows = [json.dumps(row_of(r, w), ensure_ascii=False) for r, w in zip(records, works)]
             yield pd.DataFrame({"row": rows, "learned": [None] * (len(rows) - 1) + [json.dumps(limiter.learned())]})
@@ -606,7 +607,9 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                       key=lambda state: state["call_tokens"]["seen"].get("completion", 0), default=learned)
         _commit(spark, store, _kept(rows, returned))
         wave_usage = [{**row, "result": None} for row in rows]
-        meter.returned(usage_of(wave_usage), len(rows))
+        wave_figures = usage_of(wave_usage)
+        meter.returned(wave_figures, len(rows))
+        calls += wave_figures.calls
         usage_rows += wave_usage
     return usage_of(usage_rows)
 
