@@ -102,15 +102,15 @@ def _wave_time(connect_wave_s: float | None) -> list[str]:
 
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
         tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000,
-        connect_wave_s: float | None = None) -> dict:
+        connect_wave_s: float | None = None, job_over: float = 1.0) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
                                                   seed=1))
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
-            f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={rpm}",
-            f"llm.chat.tokens_per_minute={tpm or 100_000_000}", f"llm.items_per_commit={items_per_commit}",
+            f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={round(rpm * job_over)}",
+            f"llm.chat.tokens_per_minute={round(tpm * job_over) if tpm else 100_000_000}", f"llm.items_per_commit={items_per_commit}",
             *_wave_time(connect_wave_s)])
         store = T.TableStore(spark, cfg.storage)
         n_chunks = _text_units(spark, cfg, max_chunks)
@@ -352,6 +352,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--corpus", action="append", required=True, help="file or folder; repeat for several sizes")
     parser.add_argument("--rpm", type=int, default=300)
+    parser.add_argument("--job-over", type=float, default=1.0,
+                        help="the job configured to this many times the limits the server enforces (extraction only):"
+                             " above 1, a key the job shares with other callers, or limits set too high")
     parser.add_argument("--tpm", type=int, default=None,
                         help="a tokens/min limit too, on the server and in the job (extraction only): with a high --rpm it binds")
     parser.add_argument("--latency", type=float, default=1.0)
@@ -383,7 +386,7 @@ def main() -> None:
                   flush=True)
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
-                     args.items_per_commit or 1000, connect_wave_s)
+                     args.items_per_commit or 1000, connect_wave_s, args.job_over)
         print(f"{corpus}{waves}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

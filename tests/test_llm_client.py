@@ -14,7 +14,7 @@ from graphrag_spark.index.extract_llm import ExtractionPrompts, extract_chunk
 from graphrag_spark.llm import ChatRequest, LlmClient, cache_key, run_batch, run_items
 from graphrag_spark.llm.client import backoff_seconds, retry_after_seconds
 from graphrag_spark.llm.server import start_server
-from graphrag_spark.llm.throttle import RateLimiter
+from graphrag_spark.llm.throttle import JobBudget, RateLimiter
 
 SECRET = "sk-test-5f0e1d2c3b4a-do-not-leak"
 KEY_ENV = "GRAPHRAG_SPARK_TEST_KEY"
@@ -247,17 +247,64 @@ def test_retry_after_headers_and_backoff():
     assert all(2.0 <= backoff_seconds(1, 2.0, rng) <= 2.2 for _ in range(100))
 
 
-def test_rate_limiter_halves_on_429_then_recovers():
+def test_a_burst_of_429s_lowers_the_rate_to_what_the_provider_admitted_and_its_pause_spaces_the_calls_after_it():
+    """Configured at 900 requests/min against a provider that admits 600 of them (a key others share): the
+    burst of 429s after 40 s at 900 lowers the rate to the 600 the last minute got through, not to half of
+    900; the calls reserved during its pause go at that rate after it (not all at its end); above it the rate
+    comes back slowly. A burst with little sent before it (nothing measured) halves the rate, which comes
+    back over ``recovery_s``."""
     now = [0.0]
-    limiter = RateLimiter(600, 1_000_000, share=0.5, headroom=1.0, recovery_s=10.0, clock=lambda: now[0])
-    assert limiter.requests_per_minute() == 300
-    limiter.on_rate_limited(2.0)
-    limiter.on_rate_limited(2.0)  # the same burst of 429s lowers the rate once
-    assert limiter.requests_per_minute() == 150
-    now[0] = 5.0
-    assert limiter.requests_per_minute() == pytest.approx(225)
-    now[0] = 20.0
-    assert limiter.requests_per_minute() == 300
+    budget = JobBudget(900, 10**9, headroom=1.0, recovery_s=10.0, clock=lambda: now[0])
+    for i in range(600):
+        now[0] = i / 15
+        budget.reserve(1000)
+    now[0] = 40.0
+    assert [budget.reserve(1000) for _ in range(6)][-1] > 0.3, "turns given before the 429s came"
+    budget.on_rate_limited(20.0)
+    budget.on_rate_limited(20.0)  # the same burst lowers the rate once
+    assert budget.refusals == 1 and budget.factor() == pytest.approx(599 / 900, abs=0.003)
+    # The turns that waited were given back (their callers reserve again): the first reservation now is first.
+    waits = [budget.reserve(1000) for _ in range(10)]
+    assert waits[0] == pytest.approx(20.0, abs=0.11) and waits[-1] - waits[0] == pytest.approx(9 / 10, rel=0.01)
+    now[0] = 100.0
+    assert budget.factor() == pytest.approx(599 / 900 + 0.03, abs=0.002), "3% of the limit a minute above it"
+
+    now[0] = 0.0
+    early = JobBudget(900, 10**9, headroom=1.0, recovery_s=10.0, clock=lambda: now[0])
+    early.reserve(1000)
+    now[0] = 0.5
+    early.on_rate_limited(None)
+    assert early.factor() == 0.5
+    now[0] = 5.5
+    assert early.factor() == pytest.approx(0.75 + 5 * 0.0005)
+    now[0] = 10.5
+    assert early.factor() == 1.0
+
+
+def test_calls_reserved_before_a_429_wait_out_its_pause_then_go_at_the_lowered_rate():
+    """Calls whose turn was given before a burst of 429s do not go into the window the provider has just
+    refused: each reserves again once it wakes, after the pause and at the lowered rate."""
+
+    async def scenario() -> tuple[list[float], float]:
+        limiter = RateLimiter(600, 10**9, headroom=1.0)  # 10 calls a second
+        started = time.monotonic()
+        sent: list[float] = []
+
+        async def call() -> None:
+            await limiter.acquire(10)
+            sent.append(time.monotonic() - started)
+
+        calls = [asyncio.create_task(call()) for _ in range(10)]
+        await asyncio.sleep(0)  # each has its turn: the first now, the others 0.1 s apart
+        limiter.on_rate_limited(0.5)
+        refused_at = time.monotonic() - started
+        await asyncio.gather(*calls)
+        return sorted(sent), refused_at
+
+    sent, refused_at = asyncio.run(scenario())
+    assert sent[0] <= refused_at and sent[1] >= refused_at + 0.5, "none of the nine that waited went in the pause"
+    # Then at the halved rate (too little was sent to measure what the provider admits): five a second.
+    assert sent[-1] - sent[1] >= 0.8 * 8 / 5
 
 
 def test_a_task_local_limiter_probes_then_keeps_its_share_of_the_rate_times_the_latency_in_flight():
@@ -304,6 +351,10 @@ def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned_without_pr
     seeded, fresh = RateLimiter(600, 200_000, learned=learned), RateLimiter(600, 200_000)
     assert seeded.calls_in_flight(64) == in_flight_target(100, 10.0, 64) and fresh.calls_in_flight(64) == 4
     assert asyncio.run(seeded.acquire(1500, "extract")) == 2000 and asyncio.run(fresh.acquire(1500, "extract")) == 1500
+    # And at the rate the earlier one's 429s left it (here halved: it had sent nothing to measure).
+    fresh.on_rate_limited(None)
+    lowered = RateLimiter(600, 200_000, learned=json.loads(json.dumps(fresh.learned())))
+    assert lowered.requests_per_minute() == pytest.approx(300, rel=0.001)
 
 
 def test_connect_waves_after_the_first_hold_what_the_learned_budget_calls_in_the_wave_time():
@@ -326,6 +377,7 @@ def test_connect_waves_after_the_first_hold_what_the_learned_budget_calls_in_the
     assert llm_wave_items(llm, tokens_bind, learned, 2.0) == 250
     requests_bind = LlmModelConfig(requests_per_minute=60, tokens_per_minute=10**9)
     assert llm_wave_items(llm, requests_bind, learned, 1.0) == 300
+    assert llm_wave_items(llm, requests_bind, {**learned, "rate_factor": 0.5}, 1.0) == 150, "at the rate 429s left"
     assert llm_wave_items(llm, LlmModelConfig(requests_per_minute=6, tokens_per_minute=10**9), learned, 2.0) == 16
     assert wave_items(600, 300.0, 0.5, 1) == 3000, "fewer than one call an item (failures) counts as one"
 

@@ -574,8 +574,8 @@ def test_a_task_keeps_the_latest_window_when_its_reservations_answer_out_of_orde
 
     async def run() -> RemoteBudget:
         budget = RemoteBudget("unused", 4)
-        answers = {"third answer": (0.2, {"wait": 0, "charged": 1, "window": 4, "window_number": 3}),
-                   "fourth answer": (0.0, {"wait": 0, "charged": 1, "window": 42, "window_number": 4})}
+        answers = {"third answer": (0.2, {"wait": 0, "charged": 1, "refusals": 0, "window": 4, "window_number": 3}),
+                   "fourth answer": (0.0, {"wait": 0, "charged": 1, "refusals": 0, "window": 42, "window_number": 4})}
 
         async def post(route: str, body: dict) -> dict:
             delay, answer = answers[body["kind"]]
@@ -588,6 +588,40 @@ def test_a_task_keeps_the_latest_window_when_its_reservations_answer_out_of_orde
         return budget
 
     assert asyncio.run(run()).window == 42
+
+
+def test_reservations_waiting_in_a_task_when_a_burst_of_429s_comes_are_made_again_after_its_pause(tmp_path):
+    """With a coordinator, a reservation waits in the task, then asks whether it still holds: a burst of 429s
+    told meanwhile (by any task) gave it back, and it is made again, after the pause and at the lowered rate."""
+    import asyncio
+
+    from graphrag_spark.llm.coordinator import Coordinator, ModelBudget, RemoteBudget
+    from graphrag_spark.llm.throttle import JobBudget
+
+    stage = Coordinator("127.0.0.1", ModelBudget(JobBudget(240, 10**9, headroom=1.0), threading.Lock(), latency_s=1.0),
+                        64, tmp_path / "extraction.jsonl")  # four calls a second
+
+    async def run() -> list[float]:
+        budget = RemoteBudget(stage.url, 8)
+        started = time.monotonic()
+
+        async def call() -> float:
+            await budget.acquire(100)
+            return time.monotonic() - started
+
+        async def a_429() -> None:  # once the five have their turns: now, then 0.25 s apart
+            await asyncio.sleep(0.02)
+            budget.on_rate_limited(1.0)  # told the coordinator by the task's next post, at the first turn's end
+
+        sent = await asyncio.gather(*[call() for _ in range(5)], a_429())
+        return sorted(sent[:5])
+
+    try:
+        sent = asyncio.run(run())
+    finally:
+        stage.close()
+    assert sent[0] < 0.2 and sent[1] >= 1.2, "the four that waited waited out the 429's pause from its first post"
+    assert sent[-1] - sent[1] >= 0.8 * 3 / 2, "then went at the halved rate: two a second"
 
 
 def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():

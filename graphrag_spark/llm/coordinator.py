@@ -247,7 +247,7 @@ class Coordinator:
                   "finish": lambda b: self.finish(b["partition"]),
                   "acquire": lambda b: self.acquire(b["tokens"], b.get("rate_limited", []),
                                                     b.get("latencies", []), b.get("completions", []),
-                                                    b.get("kind", ""), b.get("max_tokens")),
+                                                    b.get("kind", ""), b.get("max_tokens"), b.get("waited_since")),
                   "result": lambda b: self.result(b["row"]),
                   "more": lambda b: self.more(b["partition"], b["attempt"])}
         self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
@@ -295,17 +295,25 @@ class Coordinator:
         return {}
 
     def acquire(self, tokens: int, rate_limited: list[float | None], latencies: list[float],
-                completions: list[list], kind: str = "", max_tokens: int | None = None) -> dict:
+                completions: list[list], kind: str = "", max_tokens: int | None = None,
+                waited_since: int | None = None) -> dict:
+        """A reservation, with the bursts of 429s so far (``refusals``). ``waited_since``: the ``refusals`` of a
+        reservation of ``tokens`` (charged already) that has waited its time: it is sent now, unless a burst
+        since gave it back (``JobBudget``): then it is made again."""
         model = self._model
         with model.lock:
             model.observe_latencies(latencies)
             model.answered(completions)
             for retry_after in rate_limited:
                 model.budget.on_rate_limited(retry_after)
-            charged = model.price(tokens, kind, max_tokens)
-            wait = model.budget.reserve(charged)
+            refusals = model.budget.refusals
+            if waited_since == refusals:
+                charged, wait = tokens, 0.0
+            else:
+                charged = tokens if waited_since is not None else model.price(tokens, kind, max_tokens)
+                wait = model.budget.reserve(charged)
         with self._lock:
-            return {"wait": wait, "charged": charged, **self._told_window()}
+            return {"wait": wait, "charged": charged, "refusals": refusals, **self._told_window()}
 
     def result(self, row: dict) -> dict:
         with self._lock:
@@ -421,16 +429,23 @@ class RemoteBudget:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
 
     async def acquire(self, tokens: int, kind: str = "", max_tokens: int | None = None) -> int:
+        """Reserve at the coordinator and wait the time it gives, then ask whether the reservation still holds: a
+        burst of 429s meanwhile gave it back, and the coordinator makes it again (``Coordinator.acquire``)."""
+        answer = await self._post_acquire({"tokens": tokens, "kind": kind, "max_tokens": max_tokens})
+        while answer["wait"] > 0:
+            await asyncio.sleep(answer["wait"])
+            answer = await self._post_acquire({"tokens": answer["charged"], "waited_since": answer["refusals"]})
+        return answer["charged"]
+
+    async def _post_acquire(self, body: dict) -> dict:
+        """``/acquire``, with what the task's answers and 429s told since the last one."""
         rate_limited, self._rate_limited = self._rate_limited, []
         latencies, self._latencies = self._latencies, []
         completions, self._completions = self._completions, []
-        answer = await self.post("acquire", {"tokens": tokens, "rate_limited": rate_limited,
-                                             "latencies": latencies, "completions": completions, "kind": kind,
-                                             "max_tokens": max_tokens})
+        answer = await self.post("acquire", {**body, "rate_limited": rate_limited, "latencies": latencies,
+                                             "completions": completions})
         self.take_window(answer)
-        if answer["wait"] > 0:
-            await asyncio.sleep(answer["wait"])
-        return answer["charged"]
+        return answer
 
     def take_window(self, answer: dict) -> None:
         """The window of a coordinator's answer, unless a later one was already taken."""

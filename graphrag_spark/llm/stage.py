@@ -560,7 +560,8 @@ def llm_wave_items(llm: LlmConfig, model: LlmModelConfig, learned: dict | None, 
     if learned is None:
         return llm.items_per_commit
     rate = ModelRate(JobBudget(model.requests_per_minute, model.tokens_per_minute), learned=learned)
-    return wave_items(rate.calls_per_minute(), llm.connect_wave_s, calls_per_item, llm.items_per_commit)
+    return wave_items(rate.calls_per_minute() * rate.budget.factor(), llm.connect_wave_s, calls_per_item,
+                      llm.items_per_commit)
 
 
 def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, model: LlmModelConfig, pending: DataFrame,
