@@ -9,6 +9,8 @@ and the 429s received. The server enforces
 the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows up as 429s, and how near
 it came as the fullest window the server saw (``busiest_window_share``). ``--tpm`` adds
 a tokens/min limit (server and job); the shares are then of the limit the run used more of.
+``--job-over F`` configures the job at F x the limits the server enforces (a key other callers share): the
+shares stay of the server's limits, and the 429s show how soon the budget learnt them.
 
     python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
         --chunk-size 1200 --rpm 120 --latency 10
