@@ -403,8 +403,6 @@ class JobBudget:
         """What the provider admitted of the last minute's sends (those sent less the 429s), as a share of
         the limits: the larger of the requests' and the tokens'."""
         since = now - _ADMITTED_SPAN_S
-        while self._refused and self._refused[0] <= since:
-            self._refused.popleft()
         sent = [tokens for at, tokens in self._sends if since < at <= now]
         admitted = max(0, len(sent) - len(self._refused))
         tokens = sum(sent) * admitted / len(sent) if sent else 0.0
@@ -428,6 +426,8 @@ class JobBudget:
         now = self._clock()
         factor = self._refill(now)
         self._refused.append(now)
+        while self._refused[0] <= now - _ADMITTED_SPAN_S:
+            self._refused.popleft()
         if retry_after_s:
             self._paused_until = max(self._paused_until, now + retry_after_s)
         if now - self._decreased_at >= max(1.0, retry_after_s or 0.0):
