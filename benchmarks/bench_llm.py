@@ -10,7 +10,8 @@ the limit itself (sliding 60 s window, 429 + Retry-After), so overshooting shows
 it came as the fullest window the server saw (``busiest_window_share``). ``--tpm`` adds
 a tokens/min limit (server and job); the shares are then of the limit the run used more of.
 ``--job-over F`` configures the job at F x the limits the server enforces (a key other callers share): the
-shares stay of the server's limits, and the 429s show how soon the budget learnt them.
+shares stay of the server's limits, and the 429s show how soon the budget learnt them; with
+``--limit-headers`` the server states its limits on every answer, as OpenAI does (``x-ratelimit-*``).
 
     python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
         --chunk-size 1200 --rpm 120 --latency 10
@@ -104,11 +105,11 @@ def _wave_time(connect_wave_s: float | None) -> list[str]:
 
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
         tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000,
-        connect_wave_s: float | None = None, job_over: float = 1.0) -> dict:
+        connect_wave_s: float | None = None, job_over: float = 1.0, limit_headers: bool = False) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
-                                                  seed=1))
+                                                  limit_headers=limit_headers, seed=1))
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={round(rpm * job_over)}",
@@ -357,6 +358,8 @@ def main() -> None:
     parser.add_argument("--job-over", type=float, default=1.0,
                         help="the job configured to this many times the limits the server enforces (extraction only):"
                              " above 1, a key the job shares with other callers, or limits set too high")
+    parser.add_argument("--limit-headers", action="store_true",
+                        help="the server states its limits on every answer (x-ratelimit-*, as OpenAI does; extraction only)")
     parser.add_argument("--tpm", type=int, default=None,
                         help="a tokens/min limit too, on the server and in the job (extraction only): with a high --rpm it binds")
     parser.add_argument("--latency", type=float, default=1.0)
@@ -388,7 +391,7 @@ def main() -> None:
                   flush=True)
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
-                     args.items_per_commit or 1000, connect_wave_s, args.job_over)
+                     args.items_per_commit or 1000, connect_wave_s, args.job_over, args.limit_headers)
         print(f"{corpus}{waves}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -307,6 +307,65 @@ def test_calls_reserved_before_a_429_wait_out_its_pause_then_go_at_the_lowered_r
     assert sent[-1] - sent[1] >= 0.8 * 8 / 5
 
 
+def test_limits_the_provider_states_replace_higher_configured_ones_and_carry_to_the_next_wave():
+    """OpenAI states the key's limits on its answers (``x-ratelimit-limit-*``): where they are lower than the
+    configured ones (a tier below the one configured), the budget takes its share of them; a higher stated
+    limit changes nothing (the configured one may be this job's part of a shared key). A Connect stage's next
+    wave starts from them, at its own share."""
+    from graphrag_spark.config import LlmConfig
+    from graphrag_spark.llm.client import stated_limits
+    from graphrag_spark.llm.stage import llm_wave_items
+
+    openai_headers = {"x-ratelimit-limit-requests": "5000", "x-ratelimit-limit-tokens": "160000",
+                      "x-ratelimit-remaining-requests": "4999", "x-ratelimit-reset-requests": "12ms"}
+    assert stated_limits(openai_headers) == (5000.0, 160000.0)
+    assert stated_limits({"x-ratelimit-limit-requests": "60", "x-ratelimit-limit-tokens": "n/a"}) == (60.0, None)
+    assert stated_limits({"retry-after": "1"}) == stated_limits(None) == (None, None)
+
+    now = [0.0]
+    budget = JobBudget(900, 10**9, headroom=1.0, clock=lambda: now[0])
+    budget.limit_to(600, None)
+    assert budget.requests_per_minute == 600
+    assert [budget.reserve(100) for _ in range(11)][-1] == pytest.approx(1.0), "ten calls a second, not fifteen"
+    budget.limit_to(1200, 200_000)
+    assert (budget.requests_per_minute, budget.tokens_per_minute) == (600, 200_000), "only ever lower"
+
+    limiter = RateLimiter(900, 10**6, share=0.5)
+    limiter.observe_limits(600, 200_000)
+    assert limiter.requests_per_minute() == 300, "the task's share of the key's limit"
+    learned = json.loads(json.dumps(limiter.learned()))
+    assert RateLimiter(900, 10**6, share=0.25, learned=learned).requests_per_minute() == 150
+    llm = LlmConfig(items_per_commit=16, connect_wave_s=60.0)
+    assert llm_wave_items(llm, LlmModelConfig(requests_per_minute=900, tokens_per_minute=10**9), learned, 1.0) == 600
+
+
+def test_a_client_takes_the_limits_the_server_states_from_its_first_answer_and_from_a_429():
+    """Over HTTP: configured at ten times what the server admits, the client learns the server's limit from
+    the first answer's headers and spaces the calls after it at that rate, with no 429 (before, it sent them
+    at the configured rate until the 429s came). A 429's headers state them too."""
+    async def scenario(server) -> tuple[list[float], RateLimiter]:
+        limiter = RateLimiter(1200, 10**9, headroom=1.0, burst_s=0.0)
+        async with LlmClient(model_cfg(server, requests_per_minute=1200), limiter=limiter) as client:
+            await client.chat([{"role": "user", "content": "The first."}])
+            results = await asyncio.gather(*(client.chat([{"role": "user", "content": f"Call {i}."}])
+                                             for i in range(4)))
+        assert all(r.ok and r.n_429 == 0 for r in results)
+        return sorted(admitted for admitted, _ in server.served_intervals("chat")), limiter
+
+    with start_server(requests_per_minute=120, limit_headers=True) as server:
+        admitted, limiter = asyncio.run(scenario(server))
+        assert server.stats()["rate_limited"] == 0
+    assert limiter.requests_per_minute() == 120 and limiter.learned()["stated_limits"] == [120, None]
+    # Two calls a second from the first answer on (at the configured 1,200: the four within 0.2 s).
+    assert admitted[-1] - admitted[0] >= 0.9 * 3 / 2
+
+    with start_server(requests_per_minute=120, tokens_per_minute=50_000, rate_429=1.0, limit_headers=True) as server:
+        refused = RateLimiter(1200, 10**6)
+        result = run_items([0], lambda client, _: client.chat([{"role": "user", "content": "x"}]),
+                           model_cfg(server, max_retries=0), limiter=refused)[0]
+    assert result.n_429 == 1 and refused.learned()["stated_limits"] == [120, 50_000]
+
+
 def test_a_task_local_limiter_probes_then_keeps_its_share_of_the_rate_times_the_latency_in_flight():
     """Where tokens/min may bind (here 100 calls of 2,000 tokens a minute, under 600 requests), a task that
     throttles itself calls its share of four until as many answers say how long a completion is; then its

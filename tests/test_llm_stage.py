@@ -624,6 +624,46 @@ def test_reservations_waiting_in_a_task_when_a_burst_of_429s_comes_are_made_agai
     assert sent[-1] - sent[1] >= 0.8 * 3 / 2, "then went at the halved rate: two a second"
 
 
+def test_the_limits_a_task_hears_the_provider_state_lower_the_job_budget_at_the_coordinator(tmp_path):
+    """With a coordinator, the limits the provider states on a task's answers ride on its next post and lower
+    the job's budget for every task (told once; the whole key's limit, not a task's share of it)."""
+    import asyncio
+
+    from graphrag_spark.llm.coordinator import Coordinator, ModelBudget, RemoteBudget
+    from graphrag_spark.llm.throttle import JobBudget
+
+    model = ModelBudget(JobBudget(1200, 10**9, headroom=1.0, burst_s=0.0), threading.Lock(), latency_s=1.0)
+    stage = Coordinator("127.0.0.1", model, 64, tmp_path / "extraction.jsonl")
+    posted: list[dict] = []
+
+    async def run() -> list[float]:
+        budget = RemoteBudget(stage.url, 8)
+        post = budget.post
+
+        async def recording(route: str, body: dict) -> dict:
+            posted.append(body)
+            return await post(route, body)
+
+        budget.post = recording
+        started = time.monotonic()
+        await budget.acquire(100)
+        budget.observe_limits(240, None)  # the first answer's headers
+        budget.observe_limits(240, None)  # and every answer's after it: told once
+        sent = []
+        for _ in range(3):
+            await budget.acquire(100)
+            sent.append(time.monotonic() - started)
+        return sent
+
+    try:
+        sent = asyncio.run(run())
+    finally:
+        stage.close()
+    assert model.budget.requests_per_minute == 240 and model.stated_limits == (240, None)
+    assert [body["stated_limits"] for body in posted if body.get("stated_limits")] == [[240, None]]
+    assert sent[-1] >= 0.9 * 2 / 4, "four calls a second after it, not twenty"
+
+
 def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     """The budget aims below tokens/min by one call and three standard deviations of a minute's summed
     completion errors: close to the limit where a minute holds many calls, lower where it holds few,

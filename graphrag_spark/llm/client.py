@@ -138,6 +138,20 @@ def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
     return None
 
 
+def stated_limits(headers: Mapping[str, str] | None) -> tuple[float | None, float | None]:
+    """The requests/min and tokens/min a provider states for the key on its answers (OpenAI's
+    ``x-ratelimit-limit-requests`` and ``-tokens``); None for one it does not state."""
+
+    def limit(name: str) -> float | None:
+        try:
+            value = float((headers or {}).get(name) or "nan")
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value > 0 else None
+
+    return limit("x-ratelimit-limit-requests"), limit("x-ratelimit-limit-tokens")
+
+
 def backoff_seconds(attempt: int, retry_after: float | None, rng: random.Random) -> float:
     """Full-jitter exponential backoff. A server's Retry-After is a floor, plus up to 10% so that tasks
     told the same instant do not retry in lockstep."""
@@ -255,7 +269,8 @@ class LlmClient:
         estimate = sum(count_tokens(m.get("content") or "") for m in messages)
 
         async def call() -> Any:
-            return await self._openai.chat.completions.create(model=self.cfg.model, messages=messages, **params)
+            return await self._openai.chat.completions.with_raw_response.create(model=self.cfg.model,
+                                                                                messages=messages, **params)
 
         def used(response: Any) -> tuple[int, int]:
             usage = response.usage
@@ -282,7 +297,8 @@ class LlmClient:
         estimate = sum(count_tokens(t) for t in texts)
 
         async def call() -> Any:
-            return await self._openai.embeddings.create(model=self.cfg.model, input=texts, encoding_format="float", **extra)
+            return await self._openai.embeddings.with_raw_response.create(model=self.cfg.model, input=texts,
+                                                                          encoding_format="float", **extra)
 
         def used(response: Any) -> tuple[int, int]:
             return (response.usage.prompt_tokens if response.usage else estimate), 0
@@ -297,11 +313,18 @@ class LlmClient:
     def _calls_in_flight(self) -> int:
         return self._limiter.calls_in_flight(self._most_in_flight)
 
-    async def _with_retries(self, call: Callable[[], Awaitable[T]], estimate: int, label: str, kind: str,
+    def _observe_limits(self, headers: Mapping[str, str] | None) -> None:
+        limits = stated_limits(headers)
+        if limits != (None, None):
+            self._limiter.observe_limits(*limits)
+
+    async def _with_retries(self, call: Callable[[], Awaitable[Any]], estimate: int, label: str, kind: str,
                             max_tokens: int | None, used: Callable[[T], tuple[int, int]]) -> tuple[T | None, dict]:
-        """The response (None after the last failure) and the outcome. The reservation of ``estimate`` prompt
-        tokens and the completion expected of a call of ``kind`` is settled with what the answer ``used``
-        (prompt, completion) before the call's slot frees, so a window the answers widen opens at once.
+        """The response (None after the last failure) and the outcome. ``call`` returns the raw response: its
+        headers (a 429's too) may state the provider's limits, for the limiter (``stated_limits``). The
+        reservation of ``estimate`` prompt tokens and the completion expected of a call of ``kind`` is settled
+        with what the answer ``used`` (prompt, completion) before the call's slot frees, so a window the answers
+        widen opens at once.
         ``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a
         slot, the rate budget or a retry's backoff: the two are reported separately. Embedding batches are
         bounded by the client's bound alone (no completion to probe for)."""
@@ -322,8 +345,10 @@ class LlmClient:
                     charged = await self._limiter.acquire(estimate, kind, max_tokens)
                     sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
-                        response = await call()
+                        raw = await call()
+                        response = raw.parse()
                     service += time.monotonic() - sent
+                    self._observe_limits(raw.headers)
                     self._limiter.observe_latency(time.monotonic() - sent)
                     self._limiter.settle(charged, *used(response), kind)
                 return response, dict(attempts=attempt, n_429=n_429, error=None, **timing())
@@ -332,6 +357,7 @@ class LlmClient:
                     service += time.monotonic() - sent
                 retryable = _is_retryable(exc)
                 retry_after = retry_after_seconds(_error_headers(exc))
+                self._observe_limits(_error_headers(exc))
                 if isinstance(exc, openai.RateLimitError):
                     n_429 += 1
                     self._limiter.on_rate_limited(retry_after)

@@ -6,8 +6,8 @@ the OS, a random token in every request) that the stage's tasks talk to:
 
 - ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
   task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
-- ``/acquire`` (prompt tokens, 429s seen, service latencies, and the completion tokens and charge
-  errors of the task's last calls): the seconds to wait before the call, from the job's ``JobBudget``,
+- ``/acquire`` (prompt tokens, 429s seen, service latencies, the completion tokens and charge
+  errors of the task's last calls, and the limits the provider states where they changed): the seconds to wait before the call, from the job's ``JobBudget``,
   the tokens charged (the prompt and the completion expected, ``CallTokens``), and the task's window
   of items in flight: the job's Little's-law target (the binding limit, requests/min or tokens/min at
   the mean call's size, x observed latency) divided by the tasks running. The budget and the
@@ -247,7 +247,8 @@ class Coordinator:
                   "finish": lambda b: self.finish(b["partition"]),
                   "acquire": lambda b: self.acquire(b["tokens"], b.get("rate_limited", []),
                                                     b.get("latencies", []), b.get("completions", []),
-                                                    b.get("kind", ""), b.get("max_tokens"), b.get("waited_since")),
+                                                    b.get("kind", ""), b.get("max_tokens"), b.get("waited_since"),
+                                                    b.get("stated_limits")),
                   "result": lambda b: self.result(b["row"]),
                   "more": lambda b: self.more(b["partition"], b["attempt"])}
         self._endpoint = DriverEndpoint(host, routes, "llm-coordinator")
@@ -296,12 +297,15 @@ class Coordinator:
 
     def acquire(self, tokens: int, rate_limited: list[float | None], latencies: list[float],
                 completions: list[list], kind: str = "", max_tokens: int | None = None,
-                waited_since: int | None = None) -> dict:
+                waited_since: int | None = None, stated_limits: list | None = None) -> dict:
         """A reservation, with the bursts of 429s so far (``refusals``). ``waited_since``: the ``refusals`` of a
         reservation of ``tokens`` (charged already) that has waited its time: it is sent now, unless a burst
-        since gave it back (``JobBudget``): then it is made again."""
+        since gave it back (``JobBudget``): then it is made again. ``stated_limits``: the provider's, where an
+        answer told them (``ModelRate.observe_limits``)."""
         model = self._model
         with model.lock:
+            if stated_limits:
+                model.observe_limits(*stated_limits)
             model.observe_latencies(latencies)
             model.answered(completions)
             for retry_after in rate_limited:
@@ -413,8 +417,8 @@ def post_json(url: str, body: dict) -> dict:
 
 class RemoteBudget:
     """The task's side of ``/acquire``: the ``RateLimiter`` interface that ``LlmClient`` uses, backed by
-    the coordinator. Answers' charge errors and 429s ride along with the next reservation. Made in the task's
-    event loop (``widened``)."""
+    the coordinator. Answers' charge errors, 429s and the limits the provider states ride along with the next
+    reservation. Made in the task's event loop (``widened``)."""
 
     def __init__(self, url: str, window: int) -> None:
         self._url = url
@@ -424,6 +428,8 @@ class RemoteBudget:
         self._rate_limited: list[float | None] = []
         self._latencies: list[float] = []
         self._completions: list[list] = []  # [kind, completion, error] of the calls answered since the last acquire
+        self._stated_limits: list | None = None  # the provider's, when they changed since the last acquire
+        self._told_limits: list | None = None
 
     async def post(self, route: str, body: dict) -> dict:
         return await asyncio.to_thread(post_json, f"{self._url}/{route}", body)
@@ -442,8 +448,9 @@ class RemoteBudget:
         rate_limited, self._rate_limited = self._rate_limited, []
         latencies, self._latencies = self._latencies, []
         completions, self._completions = self._completions, []
+        stated_limits, self._stated_limits = self._stated_limits, None
         answer = await self.post("acquire", {**body, "rate_limited": rate_limited, "latencies": latencies,
-                                             "completions": completions})
+                                             "completions": completions, "stated_limits": stated_limits})
         self.take_window(answer)
         return answer
 
@@ -468,6 +475,11 @@ class RemoteBudget:
 
     def observe_latency(self, latency_s: float) -> None:
         self._latencies.append(latency_s)
+
+    def observe_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> None:
+        limits = [requests_per_minute, tokens_per_minute]
+        if limits != self._told_limits:
+            self._stated_limits = self._told_limits = limits
 
     def calls_in_flight(self, cap: int) -> int:
         """The coordinator's window bounds the task's items, not its calls."""

@@ -655,6 +655,7 @@ class Knobs:
     tokens_per_minute: float | None = None
     window_s: float = 60.0
     limit_per_endpoint: bool = False  # like a provider's per-model limits: chat and embeddings each get the limits
+    limit_headers: bool = False  # state the limits and what is left of them on every answer, as OpenAI does
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     timeout_mode: str = "drop"
@@ -731,6 +732,26 @@ class _State:
             self.busiest["tokens"] = max(self.busiest["tokens"], used + tokens)
             return None
 
+    def limit_headers(self, endpoint: str) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers of the endpoint's window: each configured limit (per minute), what
+        is left of it in the window and when the window holds all of it again (``limit_headers`` knob)."""
+        k = self.knobs
+        if not k.limit_headers:
+            return {}
+        with self.lock:
+            window = list(self.windows.get(endpoint if k.limit_per_endpoint else "all", ()))
+        now = time.monotonic()
+        window = [(at, spent) for at, spent in window if at > now - k.window_s]
+        reset = _duration(window[-1][0] + k.window_s - now) if window else "0s"
+        headers = {}
+        for name, limit, used in (("requests", k.requests_per_minute, len(window)),
+                                  ("tokens", k.tokens_per_minute, sum(spent for _, spent in window))):
+            if limit:
+                headers[f"x-ratelimit-limit-{name}"] = str(round(limit))
+                headers[f"x-ratelimit-remaining-{name}"] = str(max(0, math.floor(limit * k.window_s / 60 - used)))
+                headers[f"x-ratelimit-reset-{name}"] = reset
+        return headers
+
     def served(self, endpoint: str, kind: str, request_hash: str, prompt_tokens: int, completion_tokens: int,
                admitted_at: float) -> None:
         with self.lock:
@@ -764,6 +785,14 @@ class _State:
             }
 
 
+def _duration(seconds: float) -> str:
+    """A duration as OpenAI writes its resets: ``850ms``, ``12.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:.0f}s" if minutes else f"{rest:.3g}s"
+
+
 def _request_hash(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -789,10 +818,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_error(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
         self._send_json(status, {"error": {"message": message, "type": kind, "param": None, "code": kind}}, headers)
 
-    def _send_429(self, seconds: float, message: str) -> None:
+    def _send_429(self, seconds: float, message: str, endpoint: str) -> None:
         headers = {
             "Retry-After": str(max(1, math.ceil(seconds))),
             "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
+            **self.server.state.limit_headers(endpoint),
         }
         self._send_error(429, "rate_limit_exceeded", message, headers)
 
@@ -862,7 +892,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         elif fault < knobs.timeout_rate + knobs.error_rate + knobs.rate_429:
             state.count("injected.429")
-            self._send_429(knobs.retry_after_s, "Injected rate limit.")
+            self._send_429(knobs.retry_after_s, "Injected rate limit.", endpoint)
             return
 
         if endpoint == "chat":
@@ -873,7 +903,7 @@ class _Handler(BaseHTTPRequestHandler):
         admitted_at = time.monotonic()
         if wait is not None:
             state.count("rate_limited")
-            self._send_429(wait, "Rate limit reached for requests or tokens per minute.")
+            self._send_429(wait, "Rate limit reached for requests or tokens per minute.", endpoint)
             return
         latency = knobs.latency_s + knobs.latency_jitter_s * (2 * state.draw("latency", request_hash, seen) - 1)
         with state.lock:
@@ -886,7 +916,7 @@ class _Handler(BaseHTTPRequestHandler):
             with state.lock:
                 state.in_progress.pop(self.client_address[1], None)
         state.served(endpoint, kind, request_hash, prompt_tokens, completion_tokens, admitted_at)
-        self._send_json(200, payload)
+        self._send_json(200, payload, state.limit_headers(endpoint))
 
     def _chat(self, body: dict, request_hash: str, seen: int) -> tuple[str, dict, int, int]:
         state = self.server.state
@@ -1030,6 +1060,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--window", type=float, default=60.0, dest="window_s", help="Sliding window of the limits, seconds."
     )
+    parser.add_argument("--limit-headers", action="store_true",
+                        help="State the limits on every answer (OpenAI's x-ratelimit-* headers).")
     parser.add_argument("--error-rate", type=float, default=0.0, help="Share of requests answered with HTTP 500.")
     parser.add_argument("--timeout-rate", type=float, default=0.0, help="Share of requests that time out.")
     parser.add_argument(

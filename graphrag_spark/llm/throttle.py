@@ -11,7 +11,9 @@ latency (``in_flight_target``, Little's law), not from the number of tasks.
 in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows), after a probe where
 tokens/min may bind. On a burst of 429s both pause until ``Retry-After``, make the turns still waiting to be
 sent reserve again, and lower the rate to what the provider admitted of the last minute's sends (by half at
-most), then try slowly for more (``JobBudget.on_rate_limited``).
+most), then try slowly for more (``JobBudget.on_rate_limited``). Where the provider states the key's limits
+on its answers (OpenAI's ``x-ratelimit-limit-*``), limits lower than the configured ones replace them from the
+first answer (``JobBudget.limit_to``), before any 429.
 """
 
 from __future__ import annotations
@@ -139,14 +141,19 @@ class ModelRate:
     errors (``CallTokens``) and the observed service latency. The coordinator keeps one per model for the
     whole job (``ModelBudget``); a task without a coordinator keeps its own (``RateLimiter``)."""
 
-    def __init__(self, budget: JobBudget, latency_s: float | None = None, learned: dict | None = None) -> None:
-        """``learned``: what another ``ModelRate`` of the same model and share had learned (``learned()``)."""
+    def __init__(self, budget: JobBudget, latency_s: float | None = None, learned: dict | None = None,
+                 share: float = 1.0) -> None:
+        """``learned``: what another ``ModelRate`` of the same model had learned (``learned()``); ``share``: the
+        part of the provider's limits ``budget`` is (a task's, without a coordinator)."""
         self.budget = budget
         self.latency_s = latency_s
         self.call_tokens = CallTokens()
+        self.share = share
+        self.stated_limits: tuple[float | None, float | None] = (None, None)
         if learned is not None:
             self.latency_s = learned["latency_s"]
             self.call_tokens = CallTokens.of(learned["call_tokens"])
+            self.observe_limits(*learned["stated_limits"])
             self.budget.lowered_to(learned["rate_factor"])
             self._aim_tokens()
 
@@ -157,9 +164,19 @@ class ModelRate:
             self.budget.aim_tokens(headroom)
 
     def learned(self) -> dict:
-        """The observed latency, the token means and the rate 429s left (``JobBudget.factor``), as JSON: a later
-        budget of the same model starts from them."""
-        return {"latency_s": self.latency_s, "call_tokens": self.call_tokens.learned(), "rate_factor": self.budget.factor()}
+        """The observed latency, the token means, the provider's stated limits and the rate 429s left
+        (``JobBudget.factor``), as JSON: a later budget of the same model starts from them."""
+        return {"latency_s": self.latency_s, "call_tokens": self.call_tokens.learned(),
+                "stated_limits": list(self.stated_limits), "rate_factor": self.budget.factor()}
+
+    def observe_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> None:
+        """The limits the provider states for the key (``x-ratelimit-limit-*``): the budget's share of them
+        where they are lower than the configured ones (``JobBudget.limit_to``)."""
+        if (requests_per_minute, tokens_per_minute) == self.stated_limits:
+            return
+        self.stated_limits = (requests_per_minute, tokens_per_minute)
+        self.budget.limit_to(*(limit * self.share if limit else None for limit in self.stated_limits))
+        self._aim_tokens()
 
     def calls_per_minute(self) -> float:
         """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
@@ -214,7 +231,7 @@ class RateLimiter:
         # A task's share of the probe: together the tasks probe with about PROBE_CALLS calls.
         self._probe = max(1, round(PROBE_CALLS * share))
         self._rate = ModelRate(JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock,
-                                         **budget), learned=learned)
+                                         **budget), learned=learned, share=share)
 
     def learned(self) -> dict:
         """What this task's answers taught its budget (``ModelRate.learned``)."""
@@ -256,6 +273,10 @@ class RateLimiter:
     def on_rate_limited(self, retry_after_s: float | None) -> None:
         """A 429: pause this task's calls until ``Retry-After`` and halve its rate (``JobBudget``)."""
         self._rate.budget.on_rate_limited(retry_after_s)
+
+    def observe_limits(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> None:
+        """The provider's stated limits for the whole key (``ModelRate.observe_limits``)."""
+        self._rate.observe_limits(requests_per_minute, tokens_per_minute)
 
 
 class CallSlots:
@@ -352,6 +373,21 @@ class JobBudget:
     def factor(self) -> float:
         since = self._clock() - self._decreased_at
         return min(1.0, self._factor_base + self._regain * min(1.0, since / self._recovery_s) + since * _PROBE_PER_S)
+
+    def limit_to(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> None:
+        """Limits the provider states (``x-ratelimit-limit-*`` of its answers) replace the configured ones where
+        they are lower: a key's tier below the one configured is then known from the first answer, before any
+        429 (learning it from bursts of 429s costs a few of them and a pause each). A higher stated limit
+        changes nothing: the configured one may be this job's part of a key that others share. They come with
+        the first answers, before a 429 lowered the rate, so the rate's factor is kept."""
+        self._refill(self._clock())
+        if requests_per_minute and requests_per_minute < self.requests_per_minute:
+            self._request_rate *= requests_per_minute / self.requests_per_minute
+            self.requests_per_minute = requests_per_minute
+        if tokens_per_minute and tokens_per_minute < self.tokens_per_minute:
+            self._token_rate *= tokens_per_minute / self.tokens_per_minute
+            self.tokens_per_minute = tokens_per_minute
+        self._refill(self._clock())  # the bursts the lower rates allow
 
     def lowered_to(self, factor: float) -> None:
         """Start at ``factor`` of the rate, where an earlier budget of the same limits was left by 429s (it comes
