@@ -339,10 +339,11 @@ def test_limits_the_provider_states_replace_higher_configured_ones_and_carry_to_
     assert llm_wave_items(llm, LlmModelConfig(requests_per_minute=900, tokens_per_minute=10**9), learned, 1.0) == 600
 
 
-def test_a_client_takes_the_limits_the_server_states_from_its_first_answer_and_from_a_429():
+def test_a_client_takes_the_limits_the_server_states_from_its_first_answer_and_from_a_429(caplog):
     """Over HTTP: configured at ten times what the server admits, the client learns the server's limit from
     the first answer's headers and spaces the calls after it at that rate, with no 429 (before, it sent them
-    at the configured rate until the 429s came). A 429's headers state them too."""
+    at the configured rate until the 429s came), and warns once that the configuration is above them. A 429's
+    headers state them too."""
     async def scenario(server) -> tuple[list[float], RateLimiter]:
         limiter = RateLimiter(1200, 10**9, headroom=1.0, burst_s=0.0)
         async with LlmClient(model_cfg(server, requests_per_minute=1200), limiter=limiter) as client:
@@ -352,9 +353,13 @@ def test_a_client_takes_the_limits_the_server_states_from_its_first_answer_and_f
         assert all(r.ok and r.n_429 == 0 for r in results)
         return sorted(admitted for admitted, _ in server.served_intervals("chat")), limiter
 
-    with start_server(requests_per_minute=120, limit_headers=True) as server:
+    with start_server(requests_per_minute=120, limit_headers=True) as server, caplog.at_level(logging.WARNING):
         admitted, limiter = asyncio.run(scenario(server))
         assert server.stats()["rate_limited"] == 0
+    warned = [r.getMessage() for r in caplog.records if "provider states" in r.getMessage()]
+    assert warned == ["The provider states 120 requests/min and no tokens/min for model local-model, below the "
+                      "configured 1200 and 100000000: the budget keeps to them (set llm.*.requests_per_minute and "
+                      "tokens_per_minute)."]
     assert limiter.requests_per_minute() == 120 and limiter.learned()["stated_limits"] == [120, None]
     # Two calls a second from the first answer on (at the configured 1,200: the four within 0.2 s).
     assert admitted[-1] - admitted[0] >= 0.9 * 3 / 2

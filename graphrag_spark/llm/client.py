@@ -46,6 +46,7 @@ _RETRY_AFTER_CAP_S = 120.0
 _ERROR_CHARS = 300
 # Calls in flight per client where neither the caller nor the model's config bounds them.
 _DEFAULT_CONCURRENCY = 8
+_LIMITS_WARNED: set[tuple] = set()  # (model, stated limits) this process has warned of
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -315,8 +316,15 @@ class LlmClient:
 
     def _observe_limits(self, headers: Mapping[str, str] | None) -> None:
         limits = stated_limits(headers)
-        if limits != (None, None):
-            self._limiter.observe_limits(*limits)
+        if limits == (None, None):
+            return
+        self._limiter.observe_limits(*limits)
+        configured = (self.cfg.requests_per_minute, self.cfg.tokens_per_minute)
+        if any(s and s < c for s, c in zip(limits, configured)) and (self.cfg.model, limits) not in _LIMITS_WARNED:
+            _LIMITS_WARNED.add((self.cfg.model, limits))  # once a process (a Python worker runs many tasks)
+            log.warning("The provider states %s requests/min and %s tokens/min for model %s, below the configured "
+                        "%s and %s: the budget keeps to them (set llm.*.requests_per_minute and tokens_per_minute).",
+                        *(f"{s:.0f}" if s else "no" for s in limits), self.cfg.model, *configured)
 
     async def _with_retries(self, call: Callable[[], Awaitable[Any]], estimate: int, label: str, kind: str,
                             max_tokens: int | None, used: Callable[[T], tuple[int, int]]) -> tuple[T | None, dict]:

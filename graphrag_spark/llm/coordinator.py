@@ -7,10 +7,11 @@ the OS, a random token in every request) that the stage's tasks talk to:
 - ``/start`` (a task's item keys): the keys not already returned in this stage. A retried
   task (its Python worker killed mid-task) therefore pays again for nothing that had returned.
 - ``/acquire`` (prompt tokens, 429s seen, service latencies, the completion tokens and charge
-  errors of the task's last calls, and the limits the provider states where they changed): the seconds to wait before the call, from the job's ``JobBudget``,
-  the tokens charged (the prompt and the completion expected, ``CallTokens``), and the task's window
-  of items in flight: the job's Little's-law target (the binding limit, requests/min or tokens/min at
-  the mean call's size, x observed latency) divided by the tasks running. The budget and the
+  errors of the task's last calls, and the limits the provider states where they changed): the
+  seconds to wait before the call, from the job's ``JobBudget``, the tokens charged (the prompt and
+  the completion expected, ``CallTokens``), and the task's window of items in flight: the job's
+  Little's-law target (the binding limit, requests/min or tokens/min at the mean call's size, x
+  observed latency) divided by the tasks running. The budget and the
   observed latency belong to the model (``shared_budget``), not to the stage: stages that overlap
   share one budget, and a stage that starts after another starts at the latency already observed,
   not at a guess. A fed stage
