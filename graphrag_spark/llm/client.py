@@ -364,8 +364,9 @@ class LlmClient:
                 if sent is not None:
                     service += time.monotonic() - sent
                 retryable = _is_retryable(exc)
-                retry_after = retry_after_seconds(_error_headers(exc))
-                self._observe_limits(_error_headers(exc))
+                headers = _error_headers(exc)
+                retry_after = retry_after_seconds(headers)
+                self._observe_limits(headers)
                 if isinstance(exc, openai.RateLimitError):
                     n_429 += 1
                     self._limiter.on_rate_limited(retry_after)
