@@ -493,20 +493,22 @@ def test_a_fed_stage_takes_only_the_window_its_feeding_stages_leave(tmp_path):
 
 
 def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and_the_window_follows_tokens(tmp_path):
-    """A tokens/min limit that binds: the job calls four items at a time until the model's first four answers, a
-    reservation charges the prompt and the completion expected of its kind (at most its max_tokens), the
-    answer settles the difference, and the in-flight target follows the request rate tokens/min allows."""
+    """A tokens/min limit that binds: before any answer the window follows the rate tokens/min allows at a
+    typical call's size, then at the prompts seen, and a call is charged its prompt alone; then a reservation
+    charges the prompt and the completion expected of its kind (at most its max_tokens), the answer settles
+    the difference, and the window follows the calls' size."""
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
     model = ModelBudget(JobBudget(10_000, 120_000), threading.Lock(), latency_s=1.0)
     stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl", tasks=2)
     try:
-        assert stage.window() == 2, "before the first answers, a call's completion is unknown: 4 items, 2 tasks"
-        assert stage.acquire(1500, [], [], [])["charged"] == 1500
+        assert stage.window() == math.ceil(in_flight_target(60, 1.0, 256) / 2), "2,000-token calls, 2 tasks"
+        first = stage.acquire(1500, [], [], [])
+        assert first["charged"] == 1500 and first["window"] == math.ceil(in_flight_target(80, 1.0, 256) / 2)
         answer = stage.acquire(1500, [], [1.0], [["extract", 800, 800], ["extract", 400, 400], ["extract", 400, 400]],
                                "extract", 4000)
-        assert answer["charged"] == 1500 + 533 and answer["window"] == 2, "three answers: still probing"
+        assert answer["charged"] == 1500 + 533
         # The fourth answer: the extractions' mean completion is 500 tokens, each call 2,000 tokens, 60 a minute.
         answer = stage.acquire(1500, [], [1.0], [["extract", 400, -133]], "extract", 4000)
         assert answer["charged"] == 2000
@@ -515,7 +517,7 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
         assert stage.acquire(1500, [], [], [], "glean", 4000)["charged"] == 1500, "a kind not answered yet"
     finally:
         stage.close()
-    # Where tokens/min cannot bind at requests/min, nothing waits for a first answer.
+    # Where tokens/min cannot bind, the window follows requests/min.
     roomy = Coordinator("127.0.0.1", ModelBudget(JobBudget(120, 10**9), threading.Lock(), latency_s=1.0), 256,
                         tmp_path / "roomy.jsonl")
     try:
@@ -525,15 +527,15 @@ def test_at_a_tokens_per_minute_limit_calls_charge_their_expected_completion_and
 
 
 def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(tmp_path, monkeypatch):
-    """While a tokens/min limit may bind, the job calls four items at a time until the model's first four
-    answers; the last of them widens the window at its item's next call, and the task's other items start
-    then, not once the items in flight (a latency later) have returned."""
+    """A model that answers slower than its window guessed: the first answer's latency widens the window at
+    its item's next call, and the task's next items start then, not once an item in flight (two calls long,
+    and its second call queued behind the whole window at the budget) has ended."""
     import asyncio
 
     from graphrag_spark.config import LlmModelConfig
     from graphrag_spark.llm.coordinator import Coordinator, ModelBudget
     from graphrag_spark.llm.stage import _run_task
-    from graphrag_spark.llm.throttle import JobBudget
+    from graphrag_spark.llm.throttle import JobBudget, in_flight_target
 
     monkeypatch.setenv("GRAPHRAG_TEST_KEY", "test-key")
     events: list[tuple[str, str]] = []
@@ -542,27 +544,30 @@ def test_a_task_starts_more_items_as_soon_as_the_first_answer_widens_its_window(
         events.append(("start", record["item_id"]))
         calls = []
         for turn in (1, 2):
-            calls.append(await client.chat([{"role": "user", "content": f"{record['item_id']} {turn} " + "word " * 1000}],
+            calls.append(await client.chat([{"role": "user", "content": f"{record['item_id']} {turn}"}],
                                            item_id=record["item_id"], stage=f"turn{turn}"))
             events.append((f"answer {turn}", record["item_id"]))
         events.append(("end", record["item_id"]))
         return LlmWork("done", calls)
 
-    model = ModelBudget(JobBudget(10_000, 6_000_000), threading.Lock())  # ~5,000 calls/min of 1,000 tokens
+    model = ModelBudget(JobBudget(1200, 10**9, headroom=1.0), threading.Lock(), latency_s=0.05)  # 20 calls/s
+    guessed = in_flight_target(1200, 0.05, 256)
+    items = guessed + 4
     with start_server(latency_s=0.5) as server:
         stage = Coordinator("127.0.0.1", model, 256, tmp_path / "extraction.jsonl")
         try:
-            records = [{"item_key": f"k{i}", "item_id": f"i{i}"} for i in range(8)]
+            records = [{"item_key": f"k{i}", "item_id": f"i{i}"} for i in range(items)]
             cfg = LlmModelConfig(model="local-model", api_base=server.base_url, api_key_env="GRAPHRAG_TEST_KEY")
             asyncio.run(_run_task(records, stage.url, two_calls, cfg,
                                   lambda record, work: {"item_key": record["item_key"], "item_id": record["item_id"]}))
         finally:
             stage.close()
-    assert stage.returned() == 8
-    probe_ended = max(events.index(("answer 1", f"i{i}")) for i in range(4))
-    later_starts = [events.index(("start", f"i{i}")) for i in range(4, 8)]
-    assert min(later_starts) > probe_ended, "probing: the fifth item waits for the first four answers"
-    assert max(later_starts) < events.index(("end", "i0")), "the wider window started them at once"
+    assert stage.returned() == items
+    first_answer = events.index(("answer 1", "i0"))
+    assert max(events.index(("start", f"i{i}")) for i in range(guessed)) < first_answer, "the guessed window at once"
+    widened = events.index(("start", f"i{guessed}"))
+    assert first_answer < widened < min(events.index(("end", f"i{i}")) for i in range(guessed)), \
+        "the wider window started the next item at once"
 
 
 def test_a_task_keeps_the_latest_window_when_its_reservations_answer_out_of_order():
@@ -697,6 +702,47 @@ def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     assert budget.reserve(100) == 0 and budget.reserve(100) == pytest.approx(1.0, abs=0.01)  # 100 tokens/s
     budget.aim_tokens(0.5)
     assert budget.reserve(0) == pytest.approx(2.0, abs=0.01), "the debt now repaid at 50 tokens/s"
+
+
+def test_at_a_tokens_per_minute_limit_the_first_latency_calls_at_the_rate_and_no_minute_exceeds_the_limit(monkeypatch):
+    """Before the first answers at 10 s latency, calls go out at the rate tokens/min allows at their prompts'
+    size (nothing waits for a first answer: the first minute holds nearly a minute of the limit), early by
+    their completions, and the answers' debt holds the next calls back: no 60 s window of what was sent
+    (prompts and completions) holds more than the limit. A discrete-time run of a task's ``RateLimiter``:
+    an item reserves when the window lets it in, is sent after its wait, and answers a latency later."""
+    import asyncio
+    import heapq
+
+    from graphrag_spark.llm import throttle
+
+    waits: list[float] = []
+
+    async def told_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(throttle.asyncio, "sleep", told_wait)
+    limit, latency, prompt = 200_000, 10.0, 1900
+    now = [0.0]
+    limiter = throttle.RateLimiter(10_000, limit, clock=lambda: now[0])
+    completions = [200 + (i * 7919) % 500 for i in range(400)]  # 200-699 tokens, ~450 on average
+    sends: list[tuple[float, int]] = []
+    in_flight: list[tuple[float, int, int]] = []
+    for completion in completions:
+        while len(in_flight) >= limiter.calls_in_flight(256):
+            now[0], charged, used = heapq.heappop(in_flight)
+            limiter.observe_latency(latency)
+            limiter.settle(charged, prompt, used, "extract")
+        waits.clear()
+        charged = asyncio.run(limiter.acquire(prompt, "extract"))
+        sent_at = now[0] + sum(waits)
+        sends.append((sent_at, prompt + completion))
+        heapq.heappush(in_flight, (sent_at + latency, charged, completion))
+    times = [at for at, _ in sends]
+    assert times == sorted(times), "sent in the order reserved"
+    fullest = max(sum(tokens for at, tokens in sends if start <= at < start + 60) for start in times)
+    first_minute = sum(tokens for at, tokens in sends if at < 60)
+    assert fullest <= limit, fullest
+    assert first_minute >= 0.9 * limit, first_minute
 
 
 def test_connect_waves_split_every_row_once_each_wave_as_big_as_asked_when_it_starts(spark):

@@ -335,7 +335,7 @@ class LlmClient:
         widen opens at once.
         ``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a
         slot, the rate budget or a retry's backoff: the two are reported separately. Embedding batches are
-        bounded by the client's bound alone (no completion to probe for)."""
+        bounded by the client's bound alone (no completion to price)."""
         limit = (lambda: self._most_in_flight) if kind == "embed" else self._calls_in_flight
         started = time.monotonic()
         service = 0.0

@@ -54,7 +54,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from graphrag_spark.llm.throttle import PROBE_CALLS, JobBudget, ModelRate
+from graphrag_spark.llm.throttle import JobBudget, ModelRate
 
 _REQUEST_TIMEOUT_S = 60.0
 _SHUTDOWN_POLL_S = 0.02
@@ -272,8 +272,6 @@ class Coordinator:
         """Items a task may have in flight: the job's Little's-law target shared by the running tasks."""
         model = self._model
         sharing = max(1, len(self._running), self._tasks - len(self._finished))
-        if model.probing(PROBE_CALLS):
-            return max(1, min(PROBE_CALLS, self._max_in_flight) // sharing)
         total = model.in_flight(self._max_in_flight)
         if self.fed:  # what the stages feeding it leave (see the module's docstring), at least one item
             total = max(1, total - model.unfed_outstanding())

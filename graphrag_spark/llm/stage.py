@@ -177,7 +177,7 @@ async def _run_task(records: list[dict], url: str, work_fn, model: LlmModelConfi
                 works.append(work)
 
             running: set[asyncio.Task] = set()
-            # A wider window (the model's first answers end a probe; the observed latency grows) starts
+            # A wider window (the first answers price the calls; the observed latency grows) starts
             # items at once, not when one of the items in flight, perhaps several calls long, ends.
             widened = asyncio.create_task(budget.widened())
             while queue or running or more is not None:
@@ -571,7 +571,7 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     ``RateLimiter.calls_in_flight``), and the items run in waves (``connect_waves``): a wave's rows come
     back to the client and are committed before the next wave starts, so a client that goes down loses
     at most one wave's calls. A wave's tasks start from what the previous wave's budget had learned
-    (``RateLimiter.learned``: the latency and the token means), so that only the first wave probes. A wave
+    (``RateLimiter.learned``: the latency and the token means), so that only the first guesses them. A wave
     ends with its slowest items' chains, so the first (``llm.items_per_commit`` items, the rate not known
     yet) is followed by waves of the items the budget calls in ``llm.connect_wave_s``
     (``llm_wave_items``): Carol at 200k tokens/min and 10 s latency in 6 waves of 16 items held 0.642 of

@@ -8,8 +8,7 @@ latency (``in_flight_target``, Little's law), not from the number of tasks.
 ``RateLimiter`` is the same budget kept by a task for itself, for callers without a coordinator
 (Spark Connect, query-time calls): every concurrent Spark task is its own Python worker, so it gets
 ``share`` (1 / concurrent tasks) of the limits, and keeps its share of the rate x the observed latency
-in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows), after a probe where
-tokens/min may bind. On a burst of 429s both pause until ``Retry-After``, make the turns still waiting to be
+in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows). On a burst of 429s both pause until ``Retry-After``, make the turns still waiting to be
 sent reserve again, and lower the rate to what the provider admitted of the last minute's sends (by half at
 most), then try slowly for more (``JobBudget.on_rate_limited``). Where the provider states the key's limits
 on its answers (OpenAI's ``x-ratelimit-limit-*``), limits lower than the configured ones replace them from the
@@ -29,15 +28,15 @@ from collections.abc import Callable
 _TOKENS_SMOOTHING = 0.1
 _LATENCY_SMOOTHING = 0.2
 # Before any call of a model returned: a guess on the high side. Too large a window only queues
-# calls at the budget (which sets the rate); too small a one starves it until the first answer.
+# calls at the budget (which sets the rate); too small a one starves it until the first answer. Until the
+# first answers a call is charged its prompt alone: the calls of the first latency go out early by their
+# completions, and the answers' debt (``JobBudget.settle``) holds back the rest of the minute by as much, so
+# a provider's minute sees no more than the limit (unless it answers in more than a minute: the window of
+# this guess's calls then ends the sends long before). Only calls of a kind not answered yet (a first
+# gleaning) are charged so later, in flight together with calls priced right.
 _INITIAL_LATENCY_S = 5.0
-# Before any call of a model: the prompt size that decides whether its tokens/min may bind (a probe).
+# Before any call of a model: the size of a call that prices the first window at a tokens/min limit.
 _TYPICAL_PROMPT_TOKENS = 2000
-# While probing, the job's calls (items, with a coordinator) in flight, and the answers that end the probe:
-# their calls are charged at the prompt alone (a few completions over the limit), and their mean prices
-# every call reserved next (one answer, four times the mean, priced the first minute's calls at 10 s
-# latency: 12 s of the budget unsent).
-PROBE_CALLS = 4
 # The share of the token rate at which refunds of overestimates come back: a window sees at most this much
 # of the limit more than it was charged for.
 _REFUND_RELEASE = 0.01
@@ -180,14 +179,8 @@ class ModelRate:
 
     def calls_per_minute(self) -> float:
         """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
-        return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
-
-    def probing(self, answers: int) -> bool:
-        """Before ``answers`` answers, where tokens/min may bind: the size of a completion is not known yet,
-        and calls reserved at their prompt's size alone would overrun the provider's window by their
-        completions, so only a probe's calls (``PROBE_CALLS``) may be in flight."""
-        return self.call_tokens.completions_seen() < answers and self.call_tokens.calls_per_minute(
-            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS) < self.budget.requests_per_minute
+        return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(
+            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS))
 
     def in_flight(self, cap: int) -> int:
         """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``)."""
@@ -224,12 +217,10 @@ class RateLimiter:
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, share: float = 1.0, *,
                  clock: Callable[[], float] = time.monotonic, learned: dict | None = None, **budget) -> None:
         """``learned``: an earlier task's ``learned()`` at the same share (the previous of a stage's waves on
-        Spark Connect): its latency and token means, so that this task neither probes nor prices its first
-        calls from nothing."""
+        Spark Connect): its latency and token means, so that this task neither guesses its window nor prices
+        its first calls from nothing."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
-        # A task's share of the probe: together the tasks probe with about PROBE_CALLS calls.
-        self._probe = max(1, round(PROBE_CALLS * share))
         self._rate = ModelRate(JobBudget(requests_per_minute * share, tokens_per_minute * share, clock=clock,
                                          **budget), learned=learned, share=share)
 
@@ -264,10 +255,8 @@ class RateLimiter:
         self._rate.observe_latencies([latency_s])
 
     def calls_in_flight(self, cap: int) -> int:
-        """The calls this task may have in flight (at most ``cap``): its share of the probe until as many
-        answers, then Little's law at its share of the rate and the observed latency."""
-        if self._rate.probing(self._probe):
-            return min(cap, self._probe)
+        """The calls this task may have in flight (at most ``cap``): Little's law at its share of the rate
+        and the observed latency."""
         return self._rate.in_flight(cap)
 
     def on_rate_limited(self, retry_after_s: float | None) -> None:
