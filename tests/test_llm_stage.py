@@ -672,7 +672,8 @@ def test_the_limits_a_task_hears_the_provider_state_lower_the_job_budget_at_the_
 def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     """The budget aims below tokens/min by one call and three standard deviations of a minute's summed
     completion errors: close to the limit where a minute holds many calls, lower where it holds few,
-    and at the default until twenty answers say how far the charges miss."""
+    and at the default until twenty answers say how far the charges miss. A task's budget keeps its share
+    of the deviations of the whole limit's minute."""
     from graphrag_spark.llm.throttle import CallTokens, JobBudget
 
     tokens = CallTokens()
@@ -696,6 +697,12 @@ def test_the_token_headroom_keeps_a_minutes_estimate_errors_below_the_limit():
     for i in range(200):
         biased.observe_completion(300 if i % 2 else 500, "extract", 150 + (-100 if i % 2 else 100))
     assert biased.token_headroom(200_000) < few
+    # Four tasks with a quarter of 200k each (a Spark Connect wave, a query's map step): their errors add up in
+    # the provider's minute as twice one task's, so together they keep the margin of one budget of 200k for
+    # the errors, and a call each.
+    quarter = tokens.token_headroom(50_000, share=0.25)
+    assert quarter > tokens.token_headroom(50_000)
+    assert 4 * 50_000 * (1 - quarter) == pytest.approx(4 * 2300 + 3 * 100 * math.sqrt(200_000 / 2300), rel=0.01)
 
     now = {"t": 0.0}
     budget = JobBudget(10**6, 6000, token_headroom=1.0, burst_s=1.0, clock=lambda: now["t"])
