@@ -8,9 +8,10 @@ latency (``in_flight_target``, Little's law), not from the number of tasks.
 ``RateLimiter`` is the same budget kept by a task for itself, for callers without a coordinator
 (Spark Connect, query-time calls): every concurrent Spark task is its own Python worker, so it gets
 ``share`` (1 / concurrent tasks) of the limits, and keeps its share of the rate x the observed latency
-in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows). On a burst of 429s both pause until ``Retry-After``, make the turns still waiting to be
-sent reserve again, and lower the rate to what the provider admitted of the last minute's sends (by half at
-most), then try slowly for more (``JobBudget.on_rate_limited``). Where the provider states the key's limits
+in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows). On a burst of 429s both pause
+until ``Retry-After``, make the turns still waiting to be sent reserve again, and lower the rate to what the
+provider admitted of the last minute's sends (by half at most), then try slowly for more
+(``JobBudget.on_rate_limited``). Where the provider states the key's limits
 on its answers (OpenAI's ``x-ratelimit-limit-*``), limits lower than the configured ones replace them from the
 first answer (``JobBudget.limit_to``), before any 429.
 """
@@ -30,10 +31,9 @@ _LATENCY_SMOOTHING = 0.2
 # Before any call of a model returned: a guess on the high side. Too large a window only queues
 # calls at the budget (which sets the rate); too small a one starves it until the first answer. Until the
 # first answers a call is charged its prompt alone: the calls of the first latency go out early by their
-# completions, and the answers' debt (``JobBudget.settle``) holds back the rest of the minute by as much, so
-# a provider's minute sees no more than the limit (unless it answers in more than a minute: the window of
-# this guess's calls then ends the sends long before). Only calls of a kind not answered yet (a first
-# gleaning) are charged so later, in flight together with calls priced right.
+# completions, and the answers' debt (``JobBudget.settle``) holds the rest of the minute back by as much, so
+# a provider's minute sees no more than the limit. (A model that answers in more than a minute would not
+# settle them in it, but the window this guess sizes stops the sends after about 12 s of calls.)
 _INITIAL_LATENCY_S = 5.0
 # Before any call of a model: the size of a call that prices the first window at a tokens/min limit.
 _TYPICAL_PROMPT_TOKENS = 2000
