@@ -415,7 +415,8 @@ def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned():
 
     learned = json.loads(json.dumps(asyncio.run(taught()).learned()))
     seeded, fresh = RateLimiter(600, 200_000, learned=learned), RateLimiter(600, 200_000)
-    assert seeded.calls_in_flight(64) == in_flight_target(100, 10.0, 64) and fresh.calls_in_flight(64) == in_flight_target(100, 5.0, 64)
+    assert seeded.calls_in_flight(64) == in_flight_target(100, 10.0, 64)
+    assert fresh.calls_in_flight(64) == in_flight_target(100, 5.0, 64)
     assert asyncio.run(seeded.acquire(1500, "extract")) == 2000 and asyncio.run(fresh.acquire(1500, "extract")) == 1500
     # And at the rate the earlier one's 429s left it (here halved: it had sent nothing to measure).
     fresh.on_rate_limited(None)
