@@ -119,11 +119,10 @@ class CallTokens:
         expected = self._completion_by_kind.get(kind, 0.0)
         return round(min(expected, max_tokens) if max_tokens else expected)
 
-    def calls_per_minute(self, tokens_per_minute: float, unknown_prompt: float = 0.0) -> float:
+    def calls_per_minute(self, tokens_per_minute: float, unknown_prompt: float) -> float:
         """The request rate that ``tokens_per_minute`` allows at the mean call's size (a prompt of
-        ``unknown_prompt`` tokens before any call; inf at 0)."""
-        per_call = (self.prompt or unknown_prompt) + (self.completion or 0.0)
-        return tokens_per_minute / per_call if per_call > 0 else math.inf
+        ``unknown_prompt`` tokens before any call)."""
+        return tokens_per_minute / ((self.prompt or unknown_prompt) + (self.completion or 0.0))
 
     def learned(self) -> dict:
         """The means and counts so far, as JSON (``CallTokens.of``)."""
