@@ -11,9 +11,9 @@ latency (``in_flight_target``, Little's law), not from the number of tasks.
 in flight (``RateLimiter.calls_in_flight``, which ``CallSlots`` follows). On a burst of 429s both pause
 until ``Retry-After``, make the turns still waiting to be sent reserve again, and lower the rate to what the
 provider admitted of the last minute's sends (by half at most), then try slowly for more
-(``JobBudget.on_rate_limited``). Where the provider states the key's limits
-on its answers (OpenAI's ``x-ratelimit-limit-*``), limits lower than the configured ones replace them from the
-first answer (``JobBudget.limit_to``), before any 429.
+(``JobBudget.on_rate_limited``). Where the provider states the key's limits on its answers (OpenAI's
+``x-ratelimit-limit-*``), limits lower than the configured ones replace them from the first answer
+(``JobBudget.limit_to``), before any 429.
 """
 
 from __future__ import annotations
@@ -90,9 +90,6 @@ class CallTokens:
         self._completion_by_kind[kind] = self._smoothed(f"completion:{kind}", self._completion_by_kind.get(kind),
                                                         tokens)
 
-    def completions_seen(self) -> int:
-        return self._seen.get("completion", 0)
-
     def token_headroom(self, tokens_per_minute: float, share: float = 1.0) -> float | None:
         """The share of ``tokens_per_minute`` a budget can aim at (None before ``_HEADROOM_ANSWERS`` answers).
 
@@ -105,7 +102,7 @@ class CallTokens:
         square root of their number: each budgeting for its own errors alone gave away more the more tasks
         there were (four tasks sharing 200k tokens/min, calls of 2,300 tokens charged 100 off: 0.926 each, now
         0.940)."""
-        if self.completions_seen() < _HEADROOM_ANSWERS or not self.prompt:
+        if self._seen.get("completion", 0) < _HEADROOM_ANSWERS or not self.prompt:
             return None
         call = self.prompt + (self.completion or 0.0)
         minute_error = _HEADROOM_DEVIATIONS * math.sqrt(self._squared_error * tokens_per_minute * share / call)
@@ -119,10 +116,10 @@ class CallTokens:
         expected = self._completion_by_kind.get(kind, 0.0)
         return round(min(expected, max_tokens) if max_tokens else expected)
 
-    def calls_per_minute(self, tokens_per_minute: float, unknown_prompt: float) -> float:
+    def calls_per_minute(self, tokens_per_minute: float) -> float:
         """The request rate that ``tokens_per_minute`` allows at the mean call's size (a prompt of
-        ``unknown_prompt`` tokens before any call)."""
-        return tokens_per_minute / ((self.prompt or unknown_prompt) + (self.completion or 0.0))
+        ``_TYPICAL_PROMPT_TOKENS`` before any call)."""
+        return tokens_per_minute / ((self.prompt or _TYPICAL_PROMPT_TOKENS) + (self.completion or 0.0))
 
     def learned(self) -> dict:
         """The means and counts so far, as JSON (``CallTokens.of``)."""
@@ -182,8 +179,7 @@ class ModelRate:
 
     def calls_per_minute(self) -> float:
         """The request rate the binding limit allows: requests/min, or tokens/min at the mean call's size."""
-        return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(
-            self.budget.tokens_per_minute, _TYPICAL_PROMPT_TOKENS))
+        return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
 
     def in_flight(self, cap: int) -> int:
         """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``)."""
