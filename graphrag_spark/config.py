@@ -216,10 +216,10 @@ class LlmConfig(_Section):
     chat: LlmModelConfig = Field(default_factory=LlmModelConfig)
     embedding: EmbeddingModelConfig = Field(default_factory=EmbeddingModelConfig)
     items_per_commit: int = Field(
-        256, gt=0, description="Spark Connect: the items of an LLM stage's first wave, and the fewest of any wave (see connect_wave_s). Elsewhere the rows of a task that embeds at most (more tasks where the slots allow); the classic LLM stages journal each returned item and commit every commit_interval_s."
+        256, gt=0, description="Spark Connect: the fewest items of an LLM stage's wave, and the items a wave's tasks start before its deadline whatever its time (see connect_wave_s). Elsewhere the rows of a task that embeds at most (more tasks where the slots allow); the classic LLM stages journal each returned item and commit every commit_interval_s."
     )
     connect_wave_s: float = Field(
-        300.0, gt=0, description="Spark Connect (no coordinator): an LLM stage's items, and endpoint embeddings, run in waves each committed when its job returns; a wave after an LLM stage's first (items_per_commit items) holds as many as the budget calls in this many seconds at the rate and calls per item measured so far, at least items_per_commit. A client that goes down loses at most one wave, and a wave's tail (its last items' calls, up to two latencies) costs about tail / connect_wave_s of the limit."
+        300.0, gt=0, description="Spark Connect (no coordinator): an LLM stage's items, and endpoint embeddings, run in waves each committed when its job returns; an LLM stage's wave holds as many items as the budget calls in this many seconds at the rate and calls per item measured so far (the first at the configured limits and a typical call), at least items_per_commit, and its tasks start no item after this many seconds (unless what a task has left would be done within half of it more): the items left lead the next wave. A client that goes down loses at most one wave, and a wave's tail (its last items' calls, up to two latencies) costs about tail / connect_wave_s of the limit."
     )
     commit_interval_s: float = Field(
         10.0, gt=0, description="An LLM stage commits the results returned so far to llm_results this often; a driver crash loses at most the calls in flight (the journal keeps the rest)."

@@ -424,10 +424,11 @@ def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned():
     assert lowered.requests_per_minute() == pytest.approx(300, rel=0.001)
 
 
-def test_connect_waves_after_the_first_hold_what_the_learned_budget_calls_in_the_wave_time():
-    """A Connect stage's first wave holds ``llm.items_per_commit`` items (nothing answered yet); the next ones
-    the items the budget calls in ``llm.connect_wave_s`` at the learned calls' size and the calls per item seen,
-    so that a wave's tail is the same share of any limit; never fewer than ``llm.items_per_commit``."""
+def test_connect_waves_hold_what_the_budget_calls_in_the_wave_time():
+    """A Connect stage's waves hold the items the budget calls in ``llm.connect_wave_s``, so that a wave's tail
+    is the same share of any limit: the first at the configured limits, a typical call's size and one call an
+    item (nothing answered yet), the next at the learned calls' size and the calls per item seen; never fewer
+    than ``llm.items_per_commit``."""
     from graphrag_spark.config import LlmConfig
     from graphrag_spark.llm.stage import llm_wave_items
     from graphrag_spark.llm.throttle import wave_items
@@ -439,7 +440,7 @@ def test_connect_waves_after_the_first_hold_what_the_learned_budget_calls_in_the
     learned = json.loads(json.dumps(limiter.learned()))
     llm = LlmConfig(items_per_commit=16, connect_wave_s=300.0)
     tokens_bind = LlmModelConfig(requests_per_minute=600, tokens_per_minute=200_000)
-    assert llm_wave_items(llm, tokens_bind, None, 0.0) == 16
+    assert llm_wave_items(llm, tokens_bind, None, 0.0) == 500, "200k tokens/min at a typical 2,000-token call"
     # 200k tokens/min at 2,000 a call: 100 calls a minute, 500 in 300 s, two calls an item.
     assert llm_wave_items(llm, tokens_bind, learned, 2.0) == 250
     requests_bind = LlmModelConfig(requests_per_minute=60, tokens_per_minute=10**9)

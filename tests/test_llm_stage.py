@@ -773,3 +773,59 @@ def test_connect_waves_split_every_row_once_each_wave_as_big_as_asked_when_it_st
     for rows, expected in waves:
         assert abs(len(rows) - expected) <= 4 * math.sqrt(expected), (len(rows), expected)
     assert list(connect_waves(frame, "item_key", 0, lambda: 1)) == []
+
+
+def test_a_connect_wave_starts_no_item_after_its_time_and_the_next_wave_takes_those_left(spark, make_config,
+                                                                                          monkeypatch):
+    """Spark Connect's waves (run here on the classic session, the stage's routing patched): the first wave
+    holds every item (a high limit), its tasks start none once ``llm.connect_wave_s`` has passed since they
+    began and finish those started (their second calls too), and the items left lead the next wave: every
+    item returns once, each call paid once."""
+    from graphrag_spark.llm import stage as stage_module
+
+    waves: list[int] = []
+    split = stage_module.connect_waves
+
+    def counted(*args, **kwargs):
+        for wave, expected in split(*args, **kwargs):
+            waves.append(expected)
+            yield wave, expected
+
+    monkeypatch.setattr(stage_module, "is_connect", lambda session: True)
+    monkeypatch.setattr(stage_module, "connect_waves", counted)
+    with start_server(latency_s=0.2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "llm.chat.requests_per_minute=100000", "llm.chat.tokens_per_minute=100000000",
+                          "llm.chat.concurrency=2", "llm.items_per_commit=1", "llm.connect_wave_s=1.0")
+        store = T.TableStore(spark, cfg.storage)
+
+        async def twice(client, item: dict) -> LlmWork:  # defined here: pickled by value for the Python workers
+            calls = [await client.chat([{"role": "user", "content": f"{item['payload']} {turn}"}], max_tokens=20,
+                                       item_id=item["item_id"], stage="twice") for turn in (1, 2)]
+            return LlmWork(calls[-1].text, calls)
+
+        items = spark.createDataFrame([(f"i{i}", f"p{i}") for i in range(24)], "item_id string, payload string")
+        outcome, usage = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, "twice", items, twice, new_run_id(),
+                                       "v1", {})
+        stats = server.stats()
+    # Two tasks of 12 items, two calls in flight each: about 5 items a second, so a second starts about half.
+    assert waves[0] == 24 and len(waves) >= 2 and waves[1] < 24, waves
+    assert outcome.where("result is null").count() == 0 and outcome.count() == 24
+    assert usage.calls == stats["served"]["chat"] == 48 and set(stats["served_hashes"].values()) == {1}
+
+
+def test_connect_waves_lead_with_the_rows_an_earlier_wave_left(spark):
+    """The rows a wave's deadline left unstarted lead the next wave in place of as many new rows, and a wave
+    of them alone follows the last range: every row in some wave, the new ones once."""
+    frame = spark.range(1000).selectExpr("cast(id as string) as item_key")
+    left: list[str] = []
+    waves = []
+    for wave, expected in connect_waves(frame, "item_key", 1000, lambda: 500, lambda: left):
+        keys = sorted(row.item_key for row in wave.collect())
+        waves.append((keys, expected, list(left)))
+        left = keys[:100] if len(waves) < 3 else []  # each of the first two waves leaves 100 rows
+    assert [expected for _, expected, _ in waves] == [500, 600, 100], "the last range takes its few rows more"
+    assert all(set(carried) <= set(keys) for keys, _, carried in waves), "the rows left lead the next wave"
+    assert sorted(waves[2][0]) == sorted(waves[1][0][:100]), "then a wave of them alone"
+    new_rows = [key for keys, _, carried in waves for key in keys if key not in carried]
+    assert sorted(new_rows) == sorted(str(i) for i in range(1000)), "every new row once"

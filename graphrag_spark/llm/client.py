@@ -52,6 +52,11 @@ T = TypeVar("T")
 Item = TypeVar("Item")
 
 
+class ItemNotStarted(Exception):
+    """An item's first call came after its client stopped starting items (``LlmClient``'s ``may_start_item``):
+    nothing was sent or reserved for it."""
+
+
 @dataclass
 class CallResult:
     """One chat call after all its attempts; ``error`` is None on success."""
@@ -217,17 +222,22 @@ class LlmClient:
 
     ``limiter`` replaces the task-local ``RateLimiter`` (the coordinator's job-wide budget, or a task's own that
     its caller keeps);
-    ``concurrency`` replaces ``cfg.concurrency`` when the caller bounds its calls itself.
+    ``concurrency`` replaces ``cfg.concurrency`` when the caller bounds its calls itself;
+    ``may_start_item(items_started)``, where given, is asked as a chat call of an ``item_id`` not called yet
+    gets its slot: where it says no, the call raises ``ItemNotStarted`` (a Connect wave's deadline), while the
+    items already started go on to their last call.
     """
 
     def __init__(self, cfg: LlmModelConfig, share: float = 1.0, *, limiter: Any = None,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, may_start_item: Callable[[int], bool] | None = None) -> None:
         self.cfg = cfg
         self._openai = _build_openai_client(cfg, _read_api_key(cfg))
         self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
         self._most_in_flight = concurrency or cfg.concurrency or _DEFAULT_CONCURRENCY
         self._slots = CallSlots()
         self._rng = random.Random()
+        self._may_start_item = may_start_item
+        self._items_started: set[str] = set()
 
     def __repr__(self) -> str:
         return f"LlmClient(model={self.cfg.model!r}, api_type={self.cfg.api_type!r}, api_base={self.cfg.api_base!r})"
@@ -281,7 +291,7 @@ class LlmClient:
 
         kind = stage or "chat"
         response, outcome = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind, params["max_tokens"],
-                                                     used)
+                                                     used, item_id)
         result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
         if response is not None:
             choice = response.choices[0]
@@ -326,8 +336,17 @@ class LlmClient:
                         "%s and %s: the budget keeps to them (set llm.*.requests_per_minute and tokens_per_minute).",
                         *(f"{s:.0f}" if s else "no" for s in limits), self.cfg.model, *configured)
 
+    def _start_item(self, item_id: str | None) -> None:
+        """Where this call may be ``item_id``'s first: ask ``may_start_item`` (see the class)."""
+        if self._may_start_item is None or item_id is None or item_id in self._items_started:
+            return
+        if not self._may_start_item(len(self._items_started)):
+            raise ItemNotStarted(item_id)
+        self._items_started.add(item_id)
+
     async def _with_retries(self, call: Callable[[], Awaitable[Any]], estimate: int, label: str, kind: str,
-                            max_tokens: int | None, used: Callable[[T], tuple[int, int]]) -> tuple[T | None, dict]:
+                            max_tokens: int | None, used: Callable[[T], tuple[int, int]],
+                            item_id: str | None = None) -> tuple[T | None, dict]:
         """The response (None after the last failure) and the outcome. ``call`` returns the raw response: its
         headers (a 429's too) may state the provider's limits, for the limiter (``stated_limits``). The
         reservation of ``estimate`` prompt tokens and the completion expected of a call of ``kind`` is settled
@@ -350,6 +369,7 @@ class LlmClient:
             sent = None
             try:
                 async with self._slots.held(limit):
+                    self._start_item(item_id)  # asked once the call has its slot: the items queued meanwhile
                     charged = await self._limiter.acquire(estimate, kind, max_tokens)
                     sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
@@ -407,17 +427,19 @@ def run_items(
     share: float = 1.0,
     concurrency: int | None = None,
     limiter: RateLimiter | None = None,
+    may_start_item: Callable[[int], bool] | None = None,
 ) -> list[T]:
     """Run ``fn(client, item)`` for all items concurrently on one event loop and one client; results in input order.
 
     The entry point for Spark pandas UDFs: ``share`` is this task's fraction of the job's budget;
     ``concurrency`` replaces ``cfg.concurrency`` as the bound on calls in flight; ``limiter``, the task's
-    budget where the caller keeps it (else one at ``share``).
+    budget where the caller keeps it (else one at ``share``); ``may_start_item``, see ``LlmClient``.
     """
     items = list(items)
 
     async def main() -> list[T]:
-        async with LlmClient(cfg, share, limiter=limiter, concurrency=concurrency) as client:
+        async with LlmClient(cfg, share, limiter=limiter, concurrency=concurrency,
+                             may_start_item=may_start_item) as client:
             return list(await asyncio.gather(*(fn(client, item) for item in items)))
 
     return _run_sync(main)

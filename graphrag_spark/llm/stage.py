@@ -24,9 +24,8 @@ prompt version, parameters, payload), i.e. of everything that determines the ans
   appends its stages' rows in one commit at its end (``TableStore.deferred_usage``), not one per stage.
 
 On Spark Connect the executors cannot reach the client, so there is no coordinator: tasks
-throttle to ``1/tasks`` of the budget, and the items run in waves (``llm.items_per_commit`` items, then
-the items the budget calls in ``llm.connect_wave_s``), each committed when its job returns (a client that
-goes down loses at most one wave's calls).
+throttle to ``1/tasks`` of the budget, and the items run in waves, each about ``llm.connect_wave_s`` of
+calls and committed when its job returns (a client that goes down loses at most one wave's calls).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from graphrag_spark import tables as T
 from graphrag_spark.compat import LLM_ITEMS_PER_TASK, default_parallelism, is_connect, llm_tasks
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.llm.client import CallResult, LlmClient, run_items, task_concurrency
+from graphrag_spark.llm.client import CallResult, ItemNotStarted, LlmClient, run_items, task_concurrency
 from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
                                             rows_frame, shared_budget, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
@@ -146,6 +145,8 @@ def _safe(work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]]):
     async def run(client: LlmClient, item: dict) -> LlmWork:
         try:
             return await work_fn(client, item)
+        except ItemNotStarted:  # nothing was called: the item is left for a later wave, not failed
+            raise
         except Exception as exc:  # noqa: BLE001 - recorded as the item's error row
             return LlmWork(None, [], f"internal error: {type(exc).__name__}: {exc} | {traceback.format_exc(limit=2)[-300:]}")
     return run
@@ -537,28 +538,32 @@ _WAVE_HASHES = 1 << 40
 
 
 def connect_waves(frame: DataFrame, key: str, n_items: int, next_size: Callable[[], int],
-                  ) -> Iterator[tuple[DataFrame, int]]:
+                  carried: Callable[[], list[str]] = list) -> Iterator[tuple[DataFrame, int]]:
     """Spark Connect's waves over ``frame``'s ``n_items`` rows, split by a hash of ``key``: each about
     ``next_size()`` rows (asked as the wave starts, so that it can follow what the earlier waves measured),
-    the last the rest (up to half a wave more). Yields each wave's rows and the rows expected in it; no job
-    runs to split them."""
+    the last the rest (up to half a wave more). ``carried()``, asked as a wave starts, names the rows (by
+    ``key``) an earlier wave left unstarted: they lead it, in place of as many new rows, until none is left.
+    Yields each wave's rows and the rows expected in it; no job runs to split them."""
     position = F.pmod(F.xxhash64(key), F.lit(_WAVE_HASHES))
     low, left = 0, n_items
-    while left > 0:
+    while (carry := carried()) or left > 0:
         size = max(1, next_size())
-        size = left if left - size < size / 2 else size  # no last wave of a few rows: its own tail and job
-        high = _WAVE_HASHES if size == left else low + round(_WAVE_HASHES * size / n_items)
-        yield frame if size == n_items else frame.where((position >= low) & (position < high)), size
-        low, left = high, left - size
+        new = min(left, max(0, size - len(carry)))
+        new = left if left - new < max(new, 1) / 2 else new  # no last wave of a few rows: its own tail and job
+        in_wave = F.col(key).isin(carry) if carry else F.lit(False)
+        if new:
+            high = _WAVE_HASHES if new == left else low + round(_WAVE_HASHES * new / n_items)
+            in_wave = in_wave | ((position >= low) & (position < high))
+            low, left = high, left - new
+        yield frame if new == n_items and not carry else frame.where(in_wave), new + len(carry)
 
 
 def llm_wave_items(llm: LlmConfig, model: LlmModelConfig, learned: dict | None, calls_per_item: float) -> int:
-    """The items of an LLM stage's next wave on Spark Connect: ``llm.items_per_commit`` before any answer (the
-    first), then those the budget calls in ``llm.connect_wave_s`` at the rate that ``learned`` (the previous
-    wave's ``RateLimiter.learned``) prices its calls and the ``calls_per_item`` seen (at least
-    ``llm.items_per_commit``)."""
-    if learned is None:
-        return llm.items_per_commit
+    """The items of an LLM stage's next wave on Spark Connect: those the budget calls in ``llm.connect_wave_s``
+    at the rate that ``learned`` (the previous wave's ``RateLimiter.learned``; before any, the configured
+    limits at a typical call's size) prices its calls and the ``calls_per_item`` seen (one before any), at
+    least ``llm.items_per_commit``. A first wave so guessed may hold more than its time: its deadline ends it
+    (``_run_in_waves``)."""
     rate = ModelRate(JobBudget(model.requests_per_minute, model.tokens_per_minute), learned=learned)
     return wave_items(rate.calls_per_minute() * rate.budget.factor(), llm.connect_wave_s, calls_per_item,
                       llm.items_per_commit)
@@ -572,37 +577,60 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     back to the client and are committed before the next wave starts, so a client that goes down loses
     at most one wave's calls. A wave's tasks start from what the previous wave's budget had learned
     (``RateLimiter.learned``: the latency and the token means), so that only the first guesses them. A wave
-    ends with its slowest items' chains, so the first (``llm.items_per_commit`` items, the rate not known
-    yet) is followed by waves of the items the budget calls in ``llm.connect_wave_s``
-    (``llm_wave_items``): Carol at 200k tokens/min and 10 s latency in 6 waves of 16 items held 0.642 of
-    the limit while calling (0.513 learning afresh each wave), in a first wave of 16 and one sized in time
-    0.834 (0.853 in one wave)."""
+    ends with its slowest items' chains, so each holds the items the budget calls in ``llm.connect_wave_s``
+    (``llm_wave_items``), and its tasks start no item after that time from their start (unless what a task
+    has left would be done within half of it more, or it has started fewer than its share of
+    ``llm.items_per_commit``): the items left lead the next wave. So the first wave, sized at a typical
+    call, is bounded by its time, not by the guess. Carol at 200k tokens/min and 10 s latency in 6 waves of
+    16 items held 0.642 of the limit while calling (0.513 learning afresh each wave), in a first wave of 16
+    and one sized in time 0.834 (0.853 in one wave); War and Peace's first 1,000 chunks at 1M tokens/min in
+    a first wave of 256 items and one sized in time 0.929 (1.136x the floor), in one wave 0.956 (1.110x)."""
     learned: dict | None = None
     usage_rows: list[dict] = []
     calls = 0
+    left: list[str] = []  # the keys of the items the last wave's deadline left unstarted
 
     def next_size() -> int:
         return llm_wave_items(llm, model, learned, calls / max(1, len(usage_rows)))
 
-    def call_partition(share: float, concurrency: int, start_from: dict | None,
+    def call_partition(share: float, concurrency: int, start_from: dict | None, fewest: int,
                        ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+        wave_s = llm.connect_wave_s
+
         def call(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             records = [record for frame in frames for record in frame.to_dict("records")]
             if not records:  # a wave's hash split can leave a task empty; an empty frame fails Arrow's conversion
                 return
+            began = time.monotonic()  # the task's own clock: no skew against the client's, no wait for a slot
+
+            def may_start(started: int) -> bool:  # what is left done within half a wave more, at the pace so far
+                elapsed = time.monotonic() - began
+                return started < fewest or elapsed < wave_s or (len(records) - started) * elapsed <= started * wave_s / 2
+
+            async def item(client: LlmClient, record: dict) -> LlmWork | None:
+                try:
+                    return await safe_fn(client, record)
+                except ItemNotStarted:
+                    return None
+
             limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from)
-            works = run_items(records, safe_fn, model, share, concurrency, limiter)
-            rows = [json.dumps(row_of(r, w), ensure_ascii=False) for r, w in zip(records, works)]
-            yield pd.DataFrame({"row": rows, "learned": [None] * (len(rows) - 1) + [json.dumps(limiter.learned())]})
+            works = run_items(records, item, model, share, concurrency, limiter, may_start)
+            rows = [json.dumps(row_of(r, w), ensure_ascii=False) if w is not None else None
+                    for r, w in zip(records, works)]
+            yield pd.DataFrame({"row": rows, "left": [r["item_key"] if w is None else None
+                                                      for r, w in zip(records, works)],
+                                "learned": [None] * (len(rows) - 1) + [json.dumps(limiter.learned())]})
 
         return call
 
-    for items, expected in connect_waves(pending, "item_key", n_pending, next_size):
+    for items, expected in connect_waves(pending, "item_key", n_pending, next_size, lambda: left):
         tasks = llm_tasks(spark, expected)
         share = 1.0 / tasks
-        call = call_partition(share, task_concurrency(model, llm.max_in_flight, share), learned)
-        out = items.repartition(tasks).mapInPandas(call, "row string, learned string").toPandas()
-        rows = [json.loads(r) for r in out["row"]]
+        call = call_partition(share, task_concurrency(model, llm.max_in_flight, share), learned,
+                              math.ceil(llm.items_per_commit / tasks))
+        out = items.repartition(tasks).mapInPandas(call, "row string, left string, learned string").toPandas()
+        rows = [json.loads(r) for r in out["row"].dropna()]
+        left = out["left"].dropna().tolist()
         # The task that saw the most answers knows the model best (one task per wave but on big waves).
         learned = max((json.loads(state) for state in out["learned"].dropna()),
                       key=lambda state: state["call_tokens"]["seen"].get("completion", 0), default=learned)
