@@ -110,13 +110,19 @@ def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], s
                                      env=submit_env(_driver_env()), cwd=REPO, start_new_session=True))
         killed: list[tuple[int, int]] = []
         deadline = time.monotonic() + JOB_TIMEOUT_S
+
+        def running() -> bool:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the index job ran past {JOB_TIMEOUT_S} s")
+            return job.poll() is None
+
         try:
-            while job.poll() is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the index job ran past {JOB_TIMEOUT_S} s")
-                if not killed and _a_later_report_is_out(server):
-                    with server.holding_answers():
-                        if _a_later_report_is_out(server):  # not answered meanwhile
+            # The third report's call stays out until the executors are gone: a poll cannot miss it on a slow
+            # machine (answered in its 0.5 s latency, it once went by between two polls).
+            with server.holding_calls_of("community_report", after=2):
+                while not killed and running():
+                    if _a_later_report_is_out(server):
+                        with server.holding_answers():
                             killed = _kill_every_executor(watch.of_cluster(cluster)[0])
                             given_up = time.monotonic() + REPLACEMENT_TIMEOUT_S
                             # Not the killed ones: a JVM takes a moment to die, and still looks alive meanwhile.
@@ -124,6 +130,8 @@ def _index_losing_every_executor(cluster, archive, tmp: Path, args: list[str], s
                                     (p.pid, p.started_at) not in killed and _alive(p.pid, p.started_at)
                                     for p in watch.of_cluster(cluster)[0]):
                                 time.sleep(0.2)
+                    time.sleep(0.1)
+            while running():
                 time.sleep(0.1)
         finally:
             if job.poll() is None:

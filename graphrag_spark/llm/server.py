@@ -677,6 +677,7 @@ class _State:
         self.stopping = threading.Event()
         self.answering = threading.Event()  # cleared while answers are held back (a stalled provider)
         self.answering.set()
+        self.held_kind: tuple[str, int, threading.Event] | None = None  # see ServerHandle.holding_calls_of
         self.reset()
 
     def reset(self) -> None:
@@ -687,6 +688,7 @@ class _State:
             self.served_hashes: Counter = Counter()
             self.repaid: Counter = Counter()  # per endpoint: answers to a request already answered before
             self.in_progress: dict[int, str] = {}  # client port -> kind, of the requests admitted, not answered
+            self.admitted_by_kind: Counter = Counter()
             self.windows: dict[str, deque[tuple[float, int]]] = {}
             self.busiest: Counter = Counter()  # the most requests and tokens one window held (how near a 429)
             self.served_times: list[float] = []
@@ -908,10 +910,15 @@ class _Handler(BaseHTTPRequestHandler):
         latency = knobs.latency_s + knobs.latency_jitter_s * (2 * state.draw("latency", request_hash, seen) - 1)
         with state.lock:
             state.in_progress[self.client_address[1]] = kind
+            held = state.held_kind if state.held_kind and state.held_kind[0] == kind and \
+                state.admitted_by_kind[kind] >= state.held_kind[1] else None
+            state.admitted_by_kind[kind] += 1
         try:
             if latency > 0:
                 state.stopping.wait(latency)
             state.answering.wait()
+            if held is not None:
+                held[2].wait()
         finally:
             with state.lock:
                 state.in_progress.pop(self.client_address[1], None)
@@ -1018,6 +1025,20 @@ class ServerHandle:
         finally:
             self.server.state.answering.set()
 
+    @contextlib.contextmanager
+    def holding_calls_of(self, kind: str, after: int) -> Iterator[None]:
+        """Within the block the calls of ``kind`` admitted after its first ``after`` (since the last reset) are
+        taken but not answered (in ``requests_in_progress`` meanwhile); they are answered when it ends."""
+        release = threading.Event()
+        with self.server.state.lock:
+            self.server.state.held_kind = (kind, after, release)
+        try:
+            yield
+        finally:
+            with self.server.state.lock:
+                self.server.state.held_kind = None
+            release.set()
+
     def requests_in_progress(self) -> dict[int, str]:
         """The requests admitted and not answered yet (in their latency, or held): their client's port and their
         kind (what ``stats()["by_kind"]`` counts)."""
@@ -1027,6 +1048,9 @@ class ServerHandle:
     def stop(self) -> None:
         self.server.state.stopping.set()
         self.server.state.answering.set()
+        held = self.server.state.held_kind
+        if held is not None:
+            held[2].set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
