@@ -142,11 +142,11 @@ def _work_row(run_id: str, stage: str, model: str, key: str, item_id: str, work:
 
 def _safe(work_fn: Callable[[LlmClient, dict], Awaitable[LlmWork]]):
     """A bug in result handling must not kill the task and lose its partition's paid calls."""
-    async def run(client: LlmClient, item: dict) -> LlmWork:
+    async def run(client: LlmClient, item: dict) -> LlmWork | None:
         try:
             return await work_fn(client, item)
-        except ItemNotStarted:  # nothing was called: the item is left for a later wave, not failed
-            raise
+        except ItemNotStarted:  # nothing was called: None, the item left for a later wave (Connect), not failed
+            return None
         except Exception as exc:  # noqa: BLE001 - recorded as the item's error row
             return LlmWork(None, [], f"internal error: {type(exc).__name__}: {exc} | {traceback.format_exc(limit=2)[-300:]}")
     return run
@@ -607,14 +607,8 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 elapsed = time.monotonic() - began
                 return started < fewest or elapsed < wave_s or (len(records) - started) * elapsed <= started * wave_s / 2
 
-            async def item(client: LlmClient, record: dict) -> LlmWork | None:
-                try:
-                    return await safe_fn(client, record)
-                except ItemNotStarted:
-                    return None
-
             limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from)
-            works = run_items(records, item, model, share, concurrency, limiter, may_start)
+            works = run_items(records, safe_fn, model, share, concurrency, limiter, may_start)
             rows = [json.dumps(row_of(r, w), ensure_ascii=False) if w is not None else None
                     for r, w in zip(records, works)]
             yield pd.DataFrame({"row": rows, "left": [r["item_key"] if w is None else None
