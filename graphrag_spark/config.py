@@ -225,7 +225,7 @@ class LlmConfig(_Section):
         10.0, gt=0, description="An LLM stage commits the results returned so far to llm_results this often; a driver crash loses at most the calls in flight (the journal keeps the rest)."
     )
     max_in_flight: int = Field(
-        256, gt=0, description="Most LLM calls in flight across the job; below it, concurrency is the rate limit x the observed latency (Little's law)."
+        4096, gt=0, description="Most LLM calls in flight across the job, a bound for safety: below it, concurrency is the rate limit x the observed latency (Little's law), so the default fills 10,000 requests/min at 20 s a call."
     )
     max_result_files: int = Field(
         64, gt=0, description="llm_results is compacted (OPTIMIZE) after a stage once it has more data files than this."

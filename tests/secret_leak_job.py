@@ -52,7 +52,8 @@ def main(corpus: str, root: str, event_log: str, key_env: str) -> None:
             verdict["errors"].append(f"{type(exc).__name__}: {exc}")
         step("query")  # a call made in an executor
         verdict["errors"] += [r.error or "" for r in chat_in_executors(spark, ["Who sells chips?"], cfg.llm.chat,
-                                                                        stage="global_reduce", max_tokens=10)]
+                                                                        stage="global_reduce", max_tokens=10,
+                                                                        max_in_flight=cfg.llm.max_in_flight)]
         step("embeddings")  # in executors: failed batches become null vectors
         store.write(embed_texts(store.read(T.TEXT_UNITS).select("id", "text"), cfg, 2), T.TEXT_UNIT_EMBEDDINGS)
         verdict["null_vectors"] = store.read(T.TEXT_UNIT_EMBEDDINGS).where(F.col("vector").isNull()).count()

@@ -201,6 +201,44 @@ def test_an_embedder_without_a_set_concurrency_sends_its_batches_at_once_paced_b
     assert at_once < 2.5 and bounded >= 4.0, (at_once, bounded)  # 20 calls of 1 s: one round, or four of five
 
 
+def test_a_client_keeps_more_calls_in_flight_than_the_openai_clients_own_pool_allows():
+    """A high rate limit at a long latency needs more calls in flight than the ``openai`` client's pool (1,000
+    connections): the rest waited for a connection (until its pool timeout). The client's bound is the
+    caller's, and the process may open as many sockets as its hard limit allows."""
+    import resource
+    import threading
+
+    calls = 1100
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 3 * calls:
+        pytest.skip("the hard limit on open files is too low for a client and a server of 1,100 calls each")
+    with start_server() as server:
+        results = []
+        with server.holding_answers():
+            caller = threading.Thread(target=lambda: results.extend(
+                run_batch(requests(calls), model_cfg(server, concurrency=calls, timeout_s=120.0))))
+            caller.start()
+            deadline = time.monotonic() + 60
+            while len(server.requests_in_progress()) < calls and time.monotonic() < deadline:
+                time.sleep(0.2)
+            in_flight = len(server.requests_in_progress())
+        caller.join(timeout=120)
+    assert in_flight == calls, f"{in_flight} of {calls} calls reached the server before any was answered"
+    assert len(results) == calls and all(r.ok for r in results)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard, "the soft limit on open files raised to the hard one"
+
+
+def test_the_default_bound_on_calls_in_flight_fills_a_high_limit_at_a_long_latency():
+    """``llm.max_in_flight`` is a bound for safety, not the concurrency: at 10,000 requests/min and 20 s a call
+    the budget needs 3,334 calls in flight (Little's law), which the default allows (256 allowed 768 a
+    minute: measured at 3,000 requests/min and 10 s, 0.53 of the limit)."""
+    from graphrag_spark.config import LlmConfig
+    from graphrag_spark.llm.throttle import ModelRate
+
+    rate = ModelRate(JobBudget(10_000, 10**9), latency_s=20.0)
+    assert rate.in_flight(LlmConfig().max_in_flight) >= 10_000 / 60 * 20
+
+
 def test_run_batch_works_inside_a_running_event_loop():
     """Notebooks run a loop already; the façade must not fail there."""
     with start_server() as server:

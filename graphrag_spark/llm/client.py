@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import email.utils
 import hashlib
@@ -28,6 +29,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 import openai
 
@@ -183,13 +189,33 @@ def _read_api_key(cfg: LlmModelConfig) -> str:
     )
 
 
+def _allow_open_files() -> None:
+    """Raise this process's soft limit on open files to its hard one (as Go's runtime does at start): every
+    call in flight holds a socket, and a high rate limit at a long latency needs thousands of them, past the
+    1,024 many systems give a process by default."""
+    if resource is None:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenAI:
-    common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s)
+    if cfg.api_type == "azure" and not (cfg.api_base and cfg.api_version):
+        raise UserError(
+            "Azure OpenAI needs llm.*.api_base (the resource endpoint) and llm.*.api_version; set both in the config."
+        )
+    _allow_open_files()
+    # The caller bounds the calls in flight (``CallSlots``, a coordinator's window): the ``openai`` client's own
+    # pool (1,000 connections, 100 kept alive) would queue the rest of a wide window until its pool timeout
+    # failed them, and open a new connection (a TLS handshake) for most calls past 100.
+    defaults = openai.DEFAULT_CONNECTION_LIMITS  # its HTTP library's ``Limits`` (httpx, or httpx2 from openai 3)
+    unbounded = type(defaults)(max_connections=None, max_keepalive_connections=None,
+                               keepalive_expiry=defaults.keepalive_expiry)
+    common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s,
+                  http_client=openai.DefaultAsyncHttpxClient(limits=unbounded))
     if cfg.api_type == "azure":
-        if not cfg.api_base or not cfg.api_version:
-            raise UserError(
-                "Azure OpenAI needs llm.*.api_base (the resource endpoint) and llm.*.api_version; set both in the config."
-            )
         return openai.AsyncAzureOpenAI(azure_endpoint=cfg.api_base, api_version=cfg.api_version, **common)
     return openai.AsyncOpenAI(base_url=cfg.api_base, **common)
 

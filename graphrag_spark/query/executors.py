@@ -39,7 +39,7 @@ Prompt = str | list[dict[str, str]]  # one user message, or the messages (system
 
 
 def chat_calls(prompts: list[Prompt], cfg: LlmModelConfig, share: float, *, stage: str, max_tokens: int,
-               json_mode: bool = False, prompt_version: str = "", max_in_flight: int = 256) -> list[str]:
+               json_mode: bool = False, prompt_version: str = "", max_in_flight: int) -> list[str]:
     """In an executor: one chat call per prompt, concurrently (the task's ``share`` of the job's
     ``max_in_flight`` at most); encoded results."""
     requests = [ChatRequest(messages=prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
@@ -54,7 +54,7 @@ def decode_call(encoded: str) -> CallResult:
 
 
 def chat_in_executors(spark: SparkSession, prompts: list[Prompt], cfg: LlmModelConfig, *, stage: str, max_tokens: int,
-                      json_mode: bool = False, prompt_version: str = "", max_in_flight: int = 256) -> list[CallResult]:
+                      json_mode: bool = False, prompt_version: str = "", max_in_flight: int) -> list[CallResult]:
     """Prompts rendered on the driver, called in executors (``max_in_flight``: ``llm.max_in_flight``)."""
     ensure_api_key(cfg)
     share = 1.0 / llm_tasks(spark, len(prompts))
