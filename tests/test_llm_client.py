@@ -430,7 +430,11 @@ def test_a_task_local_limiter_keeps_its_share_of_the_rate_times_the_latency_in_f
     # Half of 200,000 tokens/min at 2,000 a call: 50 calls a minute, 10 s each.
     assert asyncio.run(scenario()) == [in_flight_target(50, 5.0, 64)] + 2 * [in_flight_target(50, 10.0, 64)] + [4]
     assert in_flight_target(50, 10.0, 64) > 8, "more than a fixed eight per task"
-    assert RateLimiter(600, 10**9).calls_in_flight(64) == in_flight_target(600, 5.0, 64), "requests/min binds"
+    # Where requests/min binds (tokens leave room: no completion is charged short), a longer latency is guessed:
+    # a model that answers in 20 s is not starved until its first answer (the window at 5 s held 12 s of calls).
+    assert RateLimiter(600, 10**9).calls_in_flight(1000) == in_flight_target(600, 15.0, 1000) == 321
+    assert RateLimiter(600, 1_500_000).calls_in_flight(1000) == in_flight_target(750, 5.0, 1000), (
+        "where the token rate allows little more than the request rate, its window (12 s of calls) binds")
     settings = LlmModelConfig().model_dump(exclude={"concurrency"})
     assert task_concurrency(LlmModelConfig(**settings), 256, 0.25) == 64, "unset: the task's share of llm.max_in_flight"
     assert task_concurrency(LlmModelConfig(**settings, concurrency=16), 256, 0.25) == 16

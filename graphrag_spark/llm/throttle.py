@@ -28,13 +28,17 @@ from collections.abc import Callable
 
 _TOKENS_SMOOTHING = 0.1
 _LATENCY_SMOOTHING = 0.2
-# Before any call of a model returned: a guess on the high side. Too large a window only queues
-# calls at the budget (which sets the rate); too small a one starves it until the first answer. Until the
-# first answers a call is charged its prompt alone: the calls of the first latency go out early by their
-# completions, and the answers' debt (``JobBudget.settle``) holds the rest of the minute back by as much, so
-# a provider's minute sees no more than the limit. (A model that answers in more than a minute would not
-# settle them in it, but the window this guess sizes stops the sends after about 12 s of calls.)
+# Before any call of a model returned: guesses on the high side. Too large a window only queues calls at
+# the budget (which sets the rate); too small a one starves it until the first answer (a window sized at a
+# latency L holds 2L + 2 s of calls: ``in_flight_target``). Until the first answers a call is charged its
+# prompt alone: the calls of the first latency go out early by their completions, and the answers' debt
+# (``JobBudget.settle``) holds the rest of the minute back by as much, so a provider's minute sees no more
+# than the limit. (A model that answers in more than a minute would not settle them in it, but at the token
+# rate the window stops the sends after about 12 s of calls.) At the request rate, where tokens leave room,
+# nothing is charged short, and the window holds 32 s of calls: a model answering in 20 s no longer starves
+# (at 5 s, 1,500 requests/min at 20 s a call sent 60% of the rate until the first answers).
 _INITIAL_LATENCY_S = 5.0
+_INITIAL_LATENCY_AT_REQUESTS_S = 15.0
 # Before any call of a model: the size of a call that prices the first window at a tokens/min limit.
 _TYPICAL_PROMPT_TOKENS = 2000
 # The share of the token rate at which refunds of overestimates come back: a window sees at most this much
@@ -182,9 +186,15 @@ class ModelRate:
         return min(self.budget.requests_per_minute, self.call_tokens.calls_per_minute(self.budget.tokens_per_minute))
 
     def in_flight(self, cap: int) -> int:
-        """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``)."""
-        latency = self.latency_s if self.latency_s is not None else _INITIAL_LATENCY_S
-        return in_flight_target(self.calls_per_minute() * self.budget.factor(), latency, cap)
+        """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``).
+        Before any answer, at a guessed latency: a long one for the request rate, a short one for the calls
+        the token rate allows (their completions are not charged yet)."""
+        factor = self.budget.factor()
+        if self.latency_s is not None:
+            return in_flight_target(self.calls_per_minute() * factor, self.latency_s, cap)
+        at_tokens = self.call_tokens.calls_per_minute(self.budget.tokens_per_minute) * factor
+        return min(in_flight_target(self.budget.requests_per_minute * factor, _INITIAL_LATENCY_AT_REQUESTS_S, cap),
+                   in_flight_target(at_tokens, _INITIAL_LATENCY_S, cap))
 
     def observe_latencies(self, latencies: list[float]) -> None:
         for latency in latencies:
