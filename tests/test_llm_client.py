@@ -228,6 +228,33 @@ def test_a_client_keeps_more_calls_in_flight_than_the_openai_clients_own_pool_al
     assert soft == hard, "the soft limit on open files raised to the hard one"
 
 
+def test_the_open_files_limit_is_raised_as_far_as_the_system_allows(monkeypatch):
+    """Linux: the soft limit goes up to the hard one. macOS: the hard limit reads unlimited, which a soft one
+    cannot be, and the kernel refuses more than its own bound: the largest of a few finite targets it takes."""
+    import types
+
+    from graphrag_spark.llm import client
+
+    def system(soft, hard, most):
+        limits = {"now": (soft, hard)}
+
+        def setrlimit(_, wanted):
+            if wanted[0] > most:
+                raise ValueError("not allowed")
+            limits["now"] = wanted
+
+        fake = types.SimpleNamespace(RLIMIT_NOFILE=7, RLIM_INFINITY=-1, getrlimit=lambda _: limits["now"],
+                                     setrlimit=setrlimit)
+        monkeypatch.setattr(client, "resource", fake)
+        client._allow_open_files()
+        return limits["now"]
+
+    assert system(1024, 524288, 10**9) == (524288, 524288)
+    assert system(256, -1, 24576) == (10240, -1)
+    assert system(4096, 4096, 10**9) == (4096, 4096)
+    assert system(-1, -1, 10**9) == (-1, -1)
+
+
 def test_the_default_bound_on_calls_in_flight_fills_a_high_limit_at_a_long_latency():
     """``llm.max_in_flight`` is a bound for safety, not the concurrency: at 10,000 requests/min and 20 s a call
     the budget needs 3,334 calls in flight (Little's law), which the default allows (256 allowed 768 a

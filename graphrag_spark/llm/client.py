@@ -196,9 +196,13 @@ def _allow_open_files() -> None:
     if resource is None:
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    unlimited = resource.RLIM_INFINITY
+    # An unlimited hard limit (macOS) cannot be the soft one: the most a process may open there is finite.
+    for target in (hard, 65536, 10240):
+        if target != unlimited and soft != unlimited and soft < target and (hard == unlimited or target <= hard):
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                return
 
 
 def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenAI:
