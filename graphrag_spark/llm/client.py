@@ -197,9 +197,11 @@ def _allow_open_files() -> None:
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     unlimited = resource.RLIM_INFINITY
+    if soft == unlimited:
+        return
     # An unlimited hard limit (macOS) cannot be the soft one: the most a process may open there is finite.
     for target in (hard, 65536, 10240):
-        if target != unlimited and soft != unlimited and soft < target and (hard == unlimited or target <= hard):
+        if target != unlimited and soft < target and (hard == unlimited or target <= hard):
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
                 return
