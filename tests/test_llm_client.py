@@ -457,14 +457,59 @@ def test_a_task_local_limiter_keeps_its_share_of_the_rate_times_the_latency_in_f
     # Half of 200,000 tokens/min at 2,000 a call: 50 calls a minute, 10 s each.
     assert asyncio.run(scenario()) == [in_flight_target(50, 5.0, 64)] + 2 * [in_flight_target(50, 10.0, 64)] + [4]
     assert in_flight_target(50, 10.0, 64) > 8, "more than a fixed eight per task"
-    # Where requests/min binds (tokens leave room: no completion is charged short), a longer latency is guessed:
-    # a model that answers in 20 s is not starved until its first answer (the window at 5 s held 12 s of calls).
-    assert RateLimiter(600, 10**9).calls_in_flight(1000) == in_flight_target(600, 15.0, 1000) == 321
-    assert RateLimiter(600, 1_500_000).calls_in_flight(1000) == in_flight_target(750, 5.0, 1000), (
-        "where the token rate allows little more than the request rate, its window (12 s of calls) binds")
+    # Where requests/min binds (tokens leave room: no completion is charged short), the window grows with the
+    # time the first call has been out (``test_before_any_answer_the_window_grows_with_the_time_the_first_call_is_out``).
+    assert RateLimiter(600, 10**9).calls_in_flight(1000) == in_flight_target(600, 5.0, 1000) == 121
     settings = LlmModelConfig().model_dump(exclude={"concurrency"})
     assert task_concurrency(LlmModelConfig(**settings), 256, 0.25) == 64, "unset: the task's share of llm.max_in_flight"
     assert task_concurrency(LlmModelConfig(**settings, concurrency=16), 256, 0.25) == 16
+
+
+def test_before_any_answer_the_window_grows_with_the_time_the_first_call_is_out():
+    """No answer after t seconds means the latency is at least t: at the request rate the window before the first
+    answer is sized at that time (past the 5 s guess), so it always holds more calls than the rate has sent and a
+    model answering in a minute is not starved until then (a fixed guess of 15 s held 32 s of calls: half the rate
+    at 60 s a call). Where the token rate binds it stays at the guess (calls are charged their prompts alone until
+    the first answers), and from the first answer on the observed latency sizes it."""
+    from graphrag_spark.llm.throttle import ModelRate, in_flight_target
+
+    now = [0.0]
+    free_tokens = ModelRate(JobBudget(600, 10**9, clock=lambda: now[0]))
+    tight_tokens = ModelRate(JobBudget(600, 1_500_000, clock=lambda: now[0]))  # 750 calls of 2,000 tokens a minute
+    now[0] = 100.0  # made long before their first call: the wait starts with it
+    assert free_tokens.in_flight(10_000) == in_flight_target(600, 5.0, 10_000) == 121
+    for rate in (free_tokens, tight_tokens):
+        rate.price(2000, "extract", None)
+    now[0] += 60.0
+    assert free_tokens.in_flight(10_000) == in_flight_target(600, 60.0, 10_000) == 1221, "60 s of calls out: 122 s"
+    assert free_tokens.in_flight(10_000) > 600 * 60 / 60, "more than the rate has sent"
+    assert tight_tokens.in_flight(10_000) == in_flight_target(750, 5.0, 10_000) == 151, "the token rate's window"
+    free_tokens.observe_latencies([20.0])
+    assert free_tokens.in_flight(10_000) == in_flight_target(600, 20.0, 10_000), "the first answer's latency"
+
+
+def test_a_window_that_grows_before_any_answer_lets_waiting_calls_in():
+    """Before the first answer no slot frees, so the calls waiting for one are let in as the window grows (each
+    call's turn at the budget rechecks it): with answers held for 4 s, far more calls reach the server than the
+    window at the guessed latency allows (here the guess is cut to 0.25 s: a window of 51 calls at 1,200 a
+    minute; the rate sends about 80 in 4 s)."""
+    import threading
+
+    from graphrag_spark.llm import throttle
+
+    with pytest.MonkeyPatch.context() as patch, start_server() as server:
+        patch.setattr(throttle, "_INITIAL_LATENCY_S", 0.25)
+        assert RateLimiter(1200, 10**9).calls_in_flight(1000) == 51
+        results = []
+        cfg = model_cfg(server, requests_per_minute=1200, concurrency=1000, timeout_s=60.0)
+        with server.holding_answers():
+            caller = threading.Thread(target=lambda: results.extend(run_batch(requests(120), cfg)))
+            caller.start()
+            time.sleep(4.0)
+            in_flight = len(server.requests_in_progress())
+        caller.join(timeout=120)
+    assert in_flight >= 70, f"{in_flight} calls reached the server in 4 s before any answer (the first window: 51)"
+    assert len(results) == 120 and all(r.ok for r in results)
 
 
 def test_a_task_local_limiter_starts_from_what_an_earlier_one_learned():

@@ -403,6 +403,7 @@ class LlmClient:
                 async with self._slots.held(limit):
                     self._start_item(item_id)  # asked once the call has its slot: the items queued meanwhile
                     charged = await self._limiter.acquire(estimate, kind, max_tokens)
+                    await self._slots.recheck(limit)  # this call's turn came: a window that grew meanwhile opens
                     sent = time.monotonic()
                     async with asyncio.timeout(self.cfg.timeout_s):
                         raw = await call()

@@ -28,17 +28,17 @@ from collections.abc import Callable
 
 _TOKENS_SMOOTHING = 0.1
 _LATENCY_SMOOTHING = 0.2
-# Before any call of a model returned: guesses on the high side. Too large a window only queues calls at
-# the budget (which sets the rate); too small a one starves it until the first answer (a window sized at a
-# latency L holds 2L + 2 s of calls: ``in_flight_target``). Until the first answers a call is charged its
-# prompt alone: the calls of the first latency go out early by their completions, and the answers' debt
-# (``JobBudget.settle``) holds the rest of the minute back by as much, so a provider's minute sees no more
-# than the limit. (A model that answers in more than a minute would not settle them in it, but at the token
-# rate the window stops the sends after about 12 s of calls.) At the request rate, where tokens leave room,
-# nothing is charged short, and the window holds 32 s of calls: a model answering in 20 s no longer starves
-# (at 5 s, 1,500 requests/min at 20 s a call sent 60% of the rate until the first answers).
+# Before any call of a model returned: a guessed latency, and the time the first call has been out, which the
+# latency is at least. Too large a window only queues calls at the budget (which sets the rate); too small a
+# one starves it until the first answer (a window sized at a latency L holds 2L + 2 s of calls:
+# ``in_flight_target``). At the request rate the window grows with that time, so it always holds more calls
+# than the rate has sent: no latency starves it (a fixed guess of 15 s held 32 s of calls, and a model
+# answering in a minute sent half the rate until its first answer). At the token rate it stays at the guess:
+# until the first answers a call is charged its prompt alone, so the calls of the first latency go out early
+# by their completions, and the answers' debt holds the rest of the minute back; the window stops those sends
+# after about 12 s of calls, so that a provider's minute sees no more than the limit even where the answers
+# take longer than a minute.
 _INITIAL_LATENCY_S = 5.0
-_INITIAL_LATENCY_AT_REQUESTS_S = 15.0
 # Before any call of a model: the size of a call that prices the first window at a tokens/min limit.
 _TYPICAL_PROMPT_TOKENS = 2000
 # The share of the token rate at which refunds of overestimates come back: a window sees at most this much
@@ -153,6 +153,7 @@ class ModelRate:
         self.call_tokens = CallTokens()
         self.share = share
         self.stated_limits: tuple[float | None, float | None] = (None, None)
+        self._first_priced_at: float | None = None
         if learned is not None:
             self.latency_s = learned["latency_s"]
             self.call_tokens = CallTokens.of(learned["call_tokens"])
@@ -187,13 +188,14 @@ class ModelRate:
 
     def in_flight(self, cap: int) -> int:
         """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``).
-        Before any answer, at a guessed latency: a long one for the request rate, a short one for the calls
-        the token rate allows (their completions are not charged yet)."""
+        Before any answer (see ``_INITIAL_LATENCY_S``): at the request rate, at a latency of the guess or the
+        time the first call has been out, whichever is longer; at the calls the token rate allows, at the guess."""
         factor = self.budget.factor()
         if self.latency_s is not None:
             return in_flight_target(self.calls_per_minute() * factor, self.latency_s, cap)
+        out_s = 0.0 if self._first_priced_at is None else self.budget.clock() - self._first_priced_at
         at_tokens = self.call_tokens.calls_per_minute(self.budget.tokens_per_minute) * factor
-        return min(in_flight_target(self.budget.requests_per_minute * factor, _INITIAL_LATENCY_AT_REQUESTS_S, cap),
+        return min(in_flight_target(self.budget.requests_per_minute * factor, max(_INITIAL_LATENCY_S, out_s), cap),
                    in_flight_target(at_tokens, _INITIAL_LATENCY_S, cap))
 
     def observe_latencies(self, latencies: list[float]) -> None:
@@ -203,6 +205,8 @@ class ModelRate:
 
     def price(self, prompt_tokens: int, kind: str, max_tokens: int | None) -> int:
         """The tokens to reserve for a call: its prompt and the completion expected of ``kind``."""
+        if self._first_priced_at is None:
+            self._first_priced_at = self.budget.clock()
         self.call_tokens.observe_prompt(prompt_tokens)
         return prompt_tokens + self.call_tokens.expected_completion(kind, max_tokens)
 
@@ -278,8 +282,8 @@ class RateLimiter:
 
 
 class CallSlots:
-    """Calls in flight, each up to a limit read again whenever a slot frees (it may follow a limiter's
-    ``calls_in_flight``, which the answers move)."""
+    """Calls in flight, each up to a limit read again whenever a slot frees or ``recheck`` is called (it may
+    follow a limiter's ``calls_in_flight``, which the answers move, and which grows with time before them)."""
 
     def __init__(self) -> None:
         self._held = 0
@@ -295,6 +299,13 @@ class CallSlots:
         finally:
             async with self._freed:
                 self._held -= 1
+                self._freed.notify_all()
+
+    async def recheck(self, limit: Callable[[], int]) -> None:
+        """Let the callers waiting for a slot in where ``limit`` now allows more calls than are held (a window
+        that grew while no slot freed: before the first answer none frees)."""
+        async with self._freed:
+            if self._held < limit():
                 self._freed.notify_all()
 
 
@@ -355,7 +366,7 @@ class JobBudget:
         self._burst_s = burst_s
         self._min_factor = min_factor
         self._recovery_s = recovery_s
-        self._clock = clock
+        self.clock = clock
         now = clock()
         self._updated = now
         self._requests = 1.0
@@ -369,7 +380,7 @@ class JobBudget:
         self.refusals = 0  # bursts of 429s so far: a reservation granted before the latest one is stale
 
     def factor(self) -> float:
-        since = self._clock() - self._decreased_at
+        since = self.clock() - self._decreased_at
         return min(1.0, self._factor_base + self._regain * min(1.0, since / self._recovery_s) + since * _PROBE_PER_S)
 
     def limit_to(self, requests_per_minute: float | None, tokens_per_minute: float | None) -> None:
@@ -378,19 +389,19 @@ class JobBudget:
         429 (learning it from bursts of 429s costs a few of them and a pause each). A higher stated limit
         changes nothing: the configured one may be this job's part of a key that others share. They come with
         the first answers, before a 429 lowered the rate, so the rate's factor is kept."""
-        self._refill(self._clock())
+        self._refill(self.clock())
         if requests_per_minute and requests_per_minute < self.requests_per_minute:
             self._request_rate *= requests_per_minute / self.requests_per_minute
             self.requests_per_minute = requests_per_minute
         if tokens_per_minute and tokens_per_minute < self.tokens_per_minute:
             self._token_rate *= tokens_per_minute / self.tokens_per_minute
             self.tokens_per_minute = tokens_per_minute
-        self._refill(self._clock())  # the bursts the lower rates allow
+        self._refill(self.clock())  # the bursts the lower rates allow
 
     def lowered_to(self, factor: float) -> None:
         """Start at ``factor`` of the rate, where an earlier budget of the same limits was left by 429s (it comes
         back slowly, as after a burst of them)."""
-        self._factor_base, self._regain, self._decreased_at = factor, 0.0, self._clock()
+        self._factor_base, self._regain, self._decreased_at = factor, 0.0, self.clock()
 
     def _refill(self, now: float) -> float:
         factor = self.factor()
@@ -407,12 +418,12 @@ class JobBudget:
 
     def aim_tokens(self, headroom: float) -> None:
         """Aim at ``headroom`` of tokens/min from now on (``CallTokens.token_headroom``)."""
-        self._refill(self._clock())
+        self._refill(self.clock())
         self._token_rate = self.tokens_per_minute * headroom / 60.0
 
     def reserve(self, tokens: int) -> float:
         """Charge one request of about ``tokens`` tokens; returns the seconds to wait before sending it."""
-        now = self._clock()
+        now = self.clock()
         factor = self._refill(now)
         self._requests -= 1.0
         self._tokens -= tokens
@@ -457,7 +468,7 @@ class JobBudget:
         admitted of the last minute's sends, by half at most. A limit lower than the one configured (a key
         other callers share) is learnt in a burst or two; halving each time gave a quarter of it away
         (configured at 900 requests/min against 600: 0.81 of them, 11% of calls refused)."""
-        now = self._clock()
+        now = self.clock()
         factor = self._refill(now)
         self._refused.append(now)
         while self._refused[0] <= now - _ADMITTED_SPAN_S:
