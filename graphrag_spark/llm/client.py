@@ -25,7 +25,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -52,6 +52,9 @@ _RETRY_AFTER_CAP_S = 120.0
 _ERROR_CHARS = 300
 # Calls in flight per client where neither the caller nor the model's config bounds them.
 _DEFAULT_CONCURRENCY = 8
+# Calls in flight an ``openai`` client holds before the next call goes to another one: its connection pool scans
+# every connection as each request starts and ends, so one pool of hundreds cost milliseconds of CPU a call.
+_CALLS_PER_POOL = 64
 _LIMITS_WARNED: set[tuple] = set()  # (model, stated limits) this process has warned of
 
 T = TypeVar("T")
@@ -213,14 +216,9 @@ def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenA
             "Azure OpenAI needs llm.*.api_base (the resource endpoint) and llm.*.api_version; set both in the config."
         )
     _allow_open_files()
-    # The caller bounds the calls in flight (``CallSlots``, a coordinator's window): the ``openai`` client's own
-    # pool (1,000 connections, 100 kept alive) would queue the rest of a wide window until its pool timeout
-    # failed them, and open a new connection (a TLS handshake) for most calls past 100.
-    defaults = openai.DEFAULT_CONNECTION_LIMITS  # its HTTP library's ``Limits`` (httpx, or httpx2 from openai 3)
-    unbounded = type(defaults)(max_connections=None, max_keepalive_connections=None,
-                               keepalive_expiry=defaults.keepalive_expiry)
-    common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s,
-                  http_client=openai.DefaultAsyncHttpxClient(limits=unbounded))
+    # Its own connection pool (1,000 connections, 100 kept alive) is large enough: an ``LlmClient`` puts at most
+    # ``_CALLS_PER_POOL`` calls in flight on one client.
+    common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s)
     if cfg.api_type == "azure":
         return openai.AsyncAzureOpenAI(azure_endpoint=cfg.api_base, api_version=cfg.api_version, **common)
     return openai.AsyncOpenAI(base_url=cfg.api_base, **common)
@@ -263,7 +261,9 @@ class LlmClient:
     def __init__(self, cfg: LlmModelConfig, share: float = 1.0, *, limiter: Any = None,
                  concurrency: int | None = None, may_start_item: Callable[[int], bool] | None = None) -> None:
         self.cfg = cfg
-        self._openai = _build_openai_client(cfg, _read_api_key(cfg))
+        self._api_key = _read_api_key(cfg)
+        self._pools = [_build_openai_client(cfg, self._api_key)]  # more are made as the calls in flight grow
+        self._calls_on = [0]  # the calls in flight on each
         self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
         self._most_in_flight = concurrency or cfg.concurrency or _DEFAULT_CONCURRENCY
         self._slots = CallSlots()
@@ -281,11 +281,26 @@ class LlmClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._openai.close()
+        for pool in self._pools:
+            await pool.close()
 
     def _scrub(self, text: str) -> str:
-        key = self._openai.api_key
-        return text.replace(key, "***") if isinstance(key, str) and key else text
+        return text.replace(self._api_key, "***")
+
+    @contextlib.contextmanager
+    def _openai_client(self) -> Iterator[openai.AsyncOpenAI]:
+        """The ``openai`` client with the fewest calls in flight, or a new one where each holds ``_CALLS_PER_POOL``
+        (made once a task's calls in flight need it: about 30 ms, most of it loading the TLS trust store)."""
+        least = min(range(len(self._pools)), key=self._calls_on.__getitem__)
+        if self._calls_on[least] >= _CALLS_PER_POOL:
+            self._pools.append(_build_openai_client(self.cfg, self._api_key))
+            self._calls_on.append(0)
+            least = len(self._pools) - 1
+        self._calls_on[least] += 1
+        try:
+            yield self._pools[least]
+        finally:
+            self._calls_on[least] -= 1
 
     async def chat(
         self,
@@ -311,9 +326,9 @@ class LlmClient:
         key = cache_key(self.cfg.model, messages, params, prompt_version)
         estimate = sum(count_tokens(m.get("content") or "") for m in messages)
 
-        async def call() -> Any:
-            return await self._openai.chat.completions.with_raw_response.create(model=self.cfg.model,
-                                                                                messages=messages, **params)
+        async def call(client: openai.AsyncOpenAI) -> Any:
+            return await client.chat.completions.with_raw_response.create(model=self.cfg.model, messages=messages,
+                                                                          **params)
 
         def used(response: Any) -> tuple[int, int]:
             usage = response.usage
@@ -339,9 +354,9 @@ class LlmClient:
         key = cache_key(self.cfg.model, [{"role": "input", "content": t} for t in texts], extra, "")
         estimate = sum(count_tokens(t) for t in texts)
 
-        async def call() -> Any:
-            return await self._openai.embeddings.with_raw_response.create(model=self.cfg.model, input=texts,
-                                                                          encoding_format="float", **extra)
+        async def call(client: openai.AsyncOpenAI) -> Any:
+            return await client.embeddings.with_raw_response.create(model=self.cfg.model, input=texts,
+                                                                    encoding_format="float", **extra)
 
         def used(response: Any) -> tuple[int, int]:
             return (response.usage.prompt_tokens if response.usage else estimate), 0
@@ -376,10 +391,11 @@ class LlmClient:
             raise ItemNotStarted(item_id)
         self._items_started.add(item_id)
 
-    async def _with_retries(self, call: Callable[[], Awaitable[Any]], estimate: int, label: str, kind: str,
-                            max_tokens: int | None, used: Callable[[T], tuple[int, int]],
+    async def _with_retries(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], estimate: int, label: str,
+                            kind: str, max_tokens: int | None, used: Callable[[T], tuple[int, int]],
                             item_id: str | None = None) -> tuple[T | None, dict]:
-        """The response (None after the last failure) and the outcome. ``call`` returns the raw response: its
+        """The response (None after the last failure) and the outcome. ``call`` returns the raw response (from the
+        ``openai`` client it is given, ``_openai_client``): its
         headers (a 429's too) may state the provider's limits, for the limiter (``stated_limits``). The
         reservation of ``estimate`` prompt tokens and the completion expected of a call of ``kind`` is settled
         with what the answer ``used`` (prompt, completion) before the call's slot frees, so a window the answers
@@ -403,11 +419,12 @@ class LlmClient:
                 async with self._slots.held(limit):
                     self._start_item(item_id)  # asked once the call has its slot: the items queued meanwhile
                     charged = await self._limiter.acquire(estimate, kind, max_tokens)
-                    await self._slots.recheck(limit)  # this call's turn came: a window that grew meanwhile opens
+                    self._slots.recheck()  # this call's turn came: a window that grew meanwhile opens
                     sent = time.monotonic()
-                    async with asyncio.timeout(self.cfg.timeout_s):
-                        raw = await call()
-                        response = raw.parse()
+                    with self._openai_client() as client:
+                        async with asyncio.timeout(self.cfg.timeout_s):
+                            raw = await call(client)
+                    response = raw.parse()
                     service += time.monotonic() - sent
                     self._observe_limits(raw.headers)
                     self._limiter.observe_latency(time.monotonic() - sent)
