@@ -554,6 +554,30 @@ def test_before_any_answer_the_window_grows_with_the_time_the_first_call_is_out(
     assert free_tokens.in_flight(10_000) == in_flight_target(600, 20.0, 10_000), "the first answer's latency"
 
 
+def test_a_learned_latency_holds_before_the_first_answer_only_as_far_as_the_first_call_has_been_out():
+    """A budget seeded with an earlier one's ``learned()`` (a Connect stage's first wave, from the stage before)
+    sizes its window at the learned latency, but until its own first answer no shorter than the time its first
+    call has been out at the request rate: a stage slower than the one it learned from is not starved."""
+    from graphrag_spark.llm.throttle import in_flight_target
+
+    async def taught() -> RateLimiter:
+        limiter = RateLimiter(600, 10**9)
+        charged = await limiter.acquire(1500, "summarize")
+        limiter.observe_latency(10.0)
+        limiter.settle(charged, 1500, 100, "summarize")
+        return limiter
+
+    learned = json.loads(json.dumps(asyncio.run(taught()).learned()))
+    now = [0.0]
+    seeded = RateLimiter(600, 10**9, clock=lambda: now[0], learned=learned)
+    assert seeded.calls_in_flight(10_000) == in_flight_target(600, 10.0, 10_000)
+    asyncio.run(seeded.acquire(1500, "report"))
+    now[0] += 40.0
+    assert seeded.calls_in_flight(10_000) == in_flight_target(600, 40.0, 10_000), "40 s without an answer"
+    seeded.observe_latency(40.0)
+    assert seeded.calls_in_flight(10_000) == in_flight_target(600, 0.8 * 10.0 + 0.2 * 40.0, 10_000), "its answers"
+
+
 def test_a_window_that_grows_before_any_answer_lets_waiting_calls_in():
     """Before the first answer no slot frees, so the calls waiting for one are let in as the window grows (each
     call's turn at the budget rechecks it): with answers held, more calls reach the server than the window at

@@ -814,6 +814,44 @@ def test_a_connect_wave_starts_no_item_after_its_time_and_the_next_wave_takes_th
     assert usage.calls == stats["served"]["chat"] == 48 and set(stats["served_hashes"].values()) == {1}
 
 
+def test_a_connect_stages_first_wave_starts_from_what_the_stage_before_learned(spark, make_config, monkeypatch):
+    """On Spark Connect (run here on the classic session, the stage's routing patched) each task keeps its own
+    budget, and a wave's tasks start from what the previous wave learned. A stage's first wave starts from the
+    last wave of the model's stage before (as the classic path's coordinator keeps one budget a model): its
+    latency, token means and the rate 429s left are not guessed again, stage after stage."""
+    from graphrag_spark.llm import stage as stage_module
+
+    seeds: list[dict | None] = []
+    sized = stage_module.llm_wave_items
+
+    def recorded(llm, model, learned, calls_per_item):
+        seeds.append(learned)
+        return sized(llm, model, learned, calls_per_item)
+
+    monkeypatch.setattr(stage_module, "is_connect", lambda session: True)
+    monkeypatch.setattr(stage_module, "llm_wave_items", recorded)
+    monkeypatch.setattr(stage_module, "_CONNECT_LEARNED", {})  # this test's alone
+    with start_server(latency_s=0.2) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "llm.chat.requests_per_minute=100000", "llm.chat.tokens_per_minute=100000000")
+        store = T.TableStore(spark, cfg.storage)
+
+        async def once(client, item: dict) -> LlmWork:  # defined here: pickled by value for the Python workers
+            call = await client.chat([{"role": "user", "content": item["payload"]}], max_tokens=20,
+                                     item_id=item["item_id"], stage="once")
+            return LlmWork(call.text, [call])
+
+        items = spark.createDataFrame([(f"i{i}", f"p{i}") for i in range(8)], "item_id string, payload string")
+        for stage in ("first", "second"):
+            seeds.clear()
+            outcome, _ = run_llm_stage(spark, store, cfg.llm, cfg.llm.chat, stage, items, once, new_run_id(), "v1", {})
+            assert outcome.where("result is null").count() == 0
+            if stage == "first":
+                assert seeds[0] is None, "a job's first wave guesses"
+    assert seeds[0] is not None and 0.2 <= seeds[0]["latency_s"] < 1.0, seeds[0]
+    assert seeds[0]["call_tokens"]["seen"]["completion"] >= 4, "the first stage's answers (of its busiest task)"
+
+
 def test_connect_waves_lead_with_the_rows_an_earlier_wave_left(spark):
     """The rows a wave's deadline left unstarted lead the next wave in place of as many new rows, and a wave
     of them alone follows the last range: every row in some wave, the new ones once."""

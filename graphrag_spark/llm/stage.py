@@ -558,6 +558,12 @@ def connect_waves(frame: DataFrame, key: str, n_items: int, next_size: Callable[
         yield frame if new == n_items and not carry else frame.where(in_wave), new + len(carry)
 
 
+# What a model's Connect waves learned (``RateLimiter.learned``: its latency, token means and the rate its 429s
+# left), by endpoint, model and limits, as the classic path's coordinator keeps one budget per model
+# (``shared_budget``): a stage's first wave starts from the waves of the stages before it, not from guesses.
+_CONNECT_LEARNED: dict[tuple, dict] = {}
+
+
 def llm_wave_items(llm: LlmConfig, model: LlmModelConfig, learned: dict | None, calls_per_item: float) -> int:
     """The items of an LLM stage's next wave on Spark Connect: those the budget calls in ``llm.connect_wave_s``
     at the rate that ``learned`` (the previous wave's ``RateLimiter.learned``; before any, the configured
@@ -576,7 +582,8 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     ``RateLimiter.calls_in_flight``), and the items run in waves (``connect_waves``): a wave's rows come
     back to the client and are committed before the next wave starts, so a client that goes down loses
     at most one wave's calls. A wave's tasks start from what the previous wave's budget had learned
-    (``RateLimiter.learned``: the latency and the token means), so that only the first guesses them. A wave
+    (``RateLimiter.learned``: the latency and the token means), the first wave from the last one of the
+    model's stage before (``_CONNECT_LEARNED``), so that only a job's first wave guesses them. A wave
     ends with its slowest items' chains, so each holds the items the budget calls in ``llm.connect_wave_s``
     (``llm_wave_items``), and its tasks start no item after that time from their start (unless what a task
     has left would be done within half of it more, or it has started fewer than its share of
@@ -585,7 +592,8 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     16 items held 0.642 of the limit while calling (0.513 learning afresh each wave), in a first wave of 16
     and one sized in time 0.834 (0.853 in one wave); War and Peace's first 1,000 chunks at 1M tokens/min in
     a first wave of 256 items and one sized in time 0.929 (1.136x the floor), in one wave 0.956 (1.110x)."""
-    learned: dict | None = None
+    budget_key = (model.api_base, model.model, model.requests_per_minute, model.tokens_per_minute)
+    learned = _CONNECT_LEARNED.get(budget_key)
     usage_rows: list[dict] = []
     calls = 0
     left: list[str] = []  # the keys of the items the last wave's deadline left unstarted
@@ -628,6 +636,8 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         # The task that saw the most answers knows the model best (one task per wave but on big waves).
         learned = max((json.loads(state) for state in out["learned"].dropna()),
                       key=lambda state: state["call_tokens"]["seen"].get("completion", 0), default=learned)
+        if learned is not None:
+            _CONNECT_LEARNED[budget_key] = learned
         _commit(spark, store, _kept(rows, returned))
         wave_usage = [{**row, "result": None} for row in rows]
         wave_figures = usage_of(wave_usage)

@@ -154,6 +154,7 @@ class ModelRate:
         self.share = share
         self.stated_limits: tuple[float | None, float | None] = (None, None)
         self._first_priced_at: float | None = None
+        self._answered = latency_s is not None  # a latency known for this budget (not only ``learned``)
         if learned is not None:
             self.latency_s = learned["latency_s"]
             self.call_tokens = CallTokens.of(learned["call_tokens"])
@@ -188,17 +189,20 @@ class ModelRate:
 
     def in_flight(self, cap: int) -> int:
         """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``).
-        Before any answer (see ``_INITIAL_LATENCY_S``): at the request rate, at a latency of the guess or the
-        time the first call has been out, whichever is longer; at the calls the token rate allows, at the guess."""
+        Before this budget's first answer, at a guessed latency (``_INITIAL_LATENCY_S``) or the one ``learned``
+        from an earlier budget: at the calls the token rate allows, at that; at the request rate, at that or the
+        time the first call has been out, whichever is longer (the latency is at least that long)."""
         factor = self.budget.factor()
-        if self.latency_s is not None:
+        if self._answered:
             return in_flight_target(self.calls_per_minute() * factor, self.latency_s, cap)
+        guess = _INITIAL_LATENCY_S if self.latency_s is None else self.latency_s
         out_s = 0.0 if self._first_priced_at is None else self.budget.clock() - self._first_priced_at
         at_tokens = self.call_tokens.calls_per_minute(self.budget.tokens_per_minute) * factor
-        return min(in_flight_target(self.budget.requests_per_minute * factor, max(_INITIAL_LATENCY_S, out_s), cap),
-                   in_flight_target(at_tokens, _INITIAL_LATENCY_S, cap))
+        return min(in_flight_target(self.budget.requests_per_minute * factor, max(guess, out_s), cap),
+                   in_flight_target(at_tokens, guess, cap))
 
     def observe_latencies(self, latencies: list[float]) -> None:
+        self._answered = self._answered or bool(latencies)
         for latency in latencies:
             self.latency_s = latency if self.latency_s is None else (
                 (1 - _LATENCY_SMOOTHING) * self.latency_s + _LATENCY_SMOOTHING * latency)
