@@ -215,7 +215,6 @@ def _build_openai_client(cfg: LlmModelConfig, api_key: str) -> openai.AsyncOpenA
         raise UserError(
             "Azure OpenAI needs llm.*.api_base (the resource endpoint) and llm.*.api_version; set both in the config."
         )
-    _allow_open_files()
     # Its own connection pool (1,000 connections, 100 kept alive) is large enough: an ``LlmClient`` puts at most
     # ``_CALLS_PER_POOL`` calls in flight on one client.
     common = dict(api_key=api_key, max_retries=0, timeout=cfg.timeout_s)
@@ -262,6 +261,7 @@ class LlmClient:
                  concurrency: int | None = None, may_start_item: Callable[[int], bool] | None = None) -> None:
         self.cfg = cfg
         self._api_key = _read_api_key(cfg)
+        _allow_open_files()  # once a client, not once an ``openai`` client it makes
         self._pools = [_build_openai_client(cfg, self._api_key)]  # more are made as the calls in flight grow
         self._calls_on = [0]  # the calls in flight on each
         self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
@@ -394,9 +394,9 @@ class LlmClient:
     async def _with_retries(self, call: Callable[[openai.AsyncOpenAI], Awaitable[Any]], estimate: int, label: str,
                             kind: str, max_tokens: int | None, used: Callable[[T], tuple[int, int]],
                             item_id: str | None = None) -> tuple[T | None, dict]:
-        """The response (None after the last failure) and the outcome. ``call`` returns the raw response (from the
-        ``openai`` client it is given, ``_openai_client``): its
-        headers (a 429's too) may state the provider's limits, for the limiter (``stated_limits``). The
+        """The response (None after the last failure) and the outcome. ``call`` returns the raw response from the
+        ``openai`` client it is given (``_openai_client``): its headers (a 429's too) may state the provider's
+        limits, for the limiter (``stated_limits``). The
         reservation of ``estimate`` prompt tokens and the completion expected of a call of ``kind`` is settled
         with what the answer ``used`` (prompt, completion) before the call's slot frees, so a window the answers
         widen opens at once.
