@@ -12,6 +12,10 @@ a tokens/min limit (server and job); the shares are then of the limit the run us
 ``--job-over F`` configures the job at F x the limits the server enforces (a key other callers share): the
 shares stay of the server's limits, and the 429s show how soon the budget learnt them; with
 ``--limit-headers`` the server states its limits on every answer, as OpenAI does (``x-ratelimit-*``).
+``--server-counts-max-tokens`` makes the server's tokens/min window count a call at its prompt and
+``max_tokens`` when it arrives (OpenAI's and Azure OpenAI's accounting); ``--job-counts used`` runs the job as
+if the provider counted what the calls used (what the job assumed of every provider before
+``llm.chat.token_limit_counts``). The token shares are of what the server's window counted.
 
     python benchmarks/bench_llm.py --index --corpus ../shared/corpora/a_christmas_carol.txt \
         --chunk-size 1200 --rpm 120 --latency 10
@@ -105,15 +109,18 @@ def _wave_time(connect_wave_s: float | None) -> list[str]:
 
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
         tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000,
-        connect_wave_s: float | None = None, job_over: float = 1.0, limit_headers: bool = False) -> dict:
+        connect_wave_s: float | None = None, job_over: float = 1.0, limit_headers: bool = False,
+        server_counts_max_tokens: bool = False, job_counts: str = "auto", max_tokens: int | None = None) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
-                                                  limit_headers=limit_headers, seed=1))
+                                                  limit_headers=limit_headers, count_max_tokens=server_counts_max_tokens,
+                                                  seed=1))
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={round(rpm * job_over)}",
             f"llm.chat.tokens_per_minute={round(tpm * job_over) if tpm else 100_000_000}", f"llm.items_per_commit={items_per_commit}",
+            f"llm.chat.token_limit_counts={job_counts}", *([f"llm.chat.max_tokens={max_tokens}"] if max_tokens else []),
             *_wave_time(connect_wave_s)])
         store = T.TableStore(spark, cfg.storage)
         n_chunks = _text_units(spark, cfg, max_chunks)
@@ -125,7 +132,7 @@ def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, 
         stats = server.stats()
         commits = store.version(T.LLM_RESULTS) + 1  # on --connect, one a wave
     calls = stats["served"]["chat"]
-    tokens = stats["prompt_tokens"] + stats["completion_tokens"]  # what the server charged its tokens/min window
+    tokens = stats["counted_tokens"]  # what the server charged its tokens/min window (max_tokens where it counts them)
     span_s = stats["served_span_s"]
     # The limit that binds is the one the run used the larger share of: requests/min, or tokens/min with --tpm.
     binding = "tokens/min" if tpm and tokens / tpm >= calls / rpm else "requests/min"
@@ -362,6 +369,12 @@ def main() -> None:
                         help="the server states its limits on every answer (x-ratelimit-*, as OpenAI does; extraction only)")
     parser.add_argument("--tpm", type=int, default=None,
                         help="a tokens/min limit too, on the server and in the job (extraction only): with a high --rpm it binds")
+    parser.add_argument("--server-counts-max-tokens", action="store_true",
+                        help="the server's tokens/min window counts a chat call's prompt and max_tokens when it arrives, as"
+                             " OpenAI and Azure OpenAI do (extraction only)")
+    parser.add_argument("--job-counts", choices=["auto", "used", "max_tokens"], default="auto",
+                        help="llm.chat.token_limit_counts: what the job takes the provider's tokens/min to count")
+    parser.add_argument("--max-tokens", type=int, default=None, help="llm.chat.max_tokens (the config's default unset)")
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
@@ -391,7 +404,8 @@ def main() -> None:
                   flush=True)
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
-                     args.items_per_commit or 1000, connect_wave_s, args.job_over, args.limit_headers)
+                     args.items_per_commit or 1000, connect_wave_s, args.job_over, args.limit_headers,
+                     args.server_counts_max_tokens, args.job_counts, args.max_tokens)
         print(f"{corpus}{waves}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -189,8 +190,19 @@ class LlmModelConfig(_Section):
     @property
     def attached_api_key(self) -> str | None:
         return self._api_key
+
+    @property
+    def limit_counts_max_tokens(self) -> bool:
+        """Whether the provider's tokens/min limit counts a chat call at its max_tokens (``token_limit_counts``)."""
+        if self.token_limit_counts != "auto":
+            return self.token_limit_counts == "max_tokens"
+        host = (urlsplit(self.api_base).hostname or "") if self.api_base else "api.openai.com"
+        return self.api_type == "azure" or host == "api.openai.com" or host.endswith(".openai.azure.com")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(4000, gt=0)
+    token_limit_counts: Literal["auto", "used", "max_tokens"] = Field(
+        "auto", description="What the provider's tokens/min limit counts a chat call as: `max_tokens` = its prompt and its max_tokens, when it is sent (OpenAI's and Azure OpenAI's documented accounting: a max_tokens far above the answers costs rate); `used` = its prompt and the completion it returned; `auto` = `max_tokens` on OpenAI's and Azure OpenAI's endpoints, else `used`."
+    )
     requests_per_minute: int = Field(500, gt=0, description="Whole-job request budget, shared by concurrent tasks.")
     tokens_per_minute: int = Field(200_000, gt=0, description="Whole-job token budget, shared by concurrent tasks.")
     concurrency: int | None = Field(

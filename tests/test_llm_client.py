@@ -535,21 +535,25 @@ def test_before_any_answer_the_window_grows_with_the_time_the_first_call_is_out(
     """No answer after t seconds means the latency is at least t: at the request rate the window before the first
     answer is sized at that time (past the 5 s guess), so it always holds more calls than the rate has sent and a
     model answering in a minute is not starved until then (a fixed guess of 15 s held 32 s of calls: half the rate
-    at 60 s a call). Where the token rate binds it stays at the guess (calls are charged their prompts alone until
-    the first answers), and from the first answer on the observed latency sizes it."""
+    at 60 s a call). Where the token rate binds it stays at the guess where calls are charged their prompts alone
+    until the first answers, and grows the same way where a charge is all the provider counts (a call's prompt and
+    max_tokens, as OpenAI and Azure count it); from the first answer on the observed latency sizes it."""
     from graphrag_spark.llm.throttle import ModelRate, in_flight_target
 
     now = [0.0]
     free_tokens = ModelRate(JobBudget(600, 10**9, clock=lambda: now[0]))
     tight_tokens = ModelRate(JobBudget(600, 1_500_000, clock=lambda: now[0]))  # 750 calls of 2,000 tokens a minute
+    counted_tokens = ModelRate(JobBudget(600, 1_500_000, clock=lambda: now[0]))  # 250 of 2,000 + 4,000 max_tokens
     now[0] = 100.0  # made long before their first call: the wait starts with it
     assert free_tokens.in_flight(10_000) == in_flight_target(600, 5.0, 10_000) == 121
     for rate in (free_tokens, tight_tokens):
-        rate.price(2000, "extract", None)
+        rate.price(2000, "extract", 4000)  # the completion unknown until the first answers
+    counted_tokens.price(2000 + 4000, "extract", None)
     now[0] += 60.0
     assert free_tokens.in_flight(10_000) == in_flight_target(600, 60.0, 10_000) == 1221, "60 s of calls out: 122 s"
     assert free_tokens.in_flight(10_000) > 600 * 60 / 60, "more than the rate has sent"
     assert tight_tokens.in_flight(10_000) == in_flight_target(750, 5.0, 10_000) == 151, "the token rate's window"
+    assert counted_tokens.in_flight(10_000) == in_flight_target(250, 60.0, 10_000) == 510, "a charge all counted"
     free_tokens.observe_latencies([20.0])
     assert free_tokens.in_flight(10_000) == in_flight_target(600, 20.0, 10_000), "the first answer's latency"
 
@@ -668,6 +672,45 @@ def test_a_task_local_client_calls_at_the_rate_before_the_first_answers():
     assert sum(admitted < first_answer for admitted, _ in served) >= 10, "the first latency at the rate"
     peak = max(sum(admitted <= t < answered for admitted, answered in served) for t, _ in served)
     assert 12 <= peak <= 32, "then the rate x the latency, at most the bound"
+
+
+@pytest.mark.parametrize("client_counts", ["max_tokens", "used"])
+def test_where_the_provider_counts_max_tokens_a_client_told_so_reserves_them_and_stays_under_its_token_limit(
+        client_counts):
+    """OpenAI and Azure OpenAI count a call against tokens/min at its prompt and max_tokens when it arrives, not at
+    the completion it returns. A client that reserves the completion it expects sends a call of 10 prompt tokens
+    and max_tokens 200 at a fraction of what the provider counts, and runs into 429s; one told how the provider
+    counts (``token_limit_counts``, ``auto`` for OpenAI's and Azure's endpoints) reserves the prompt and max_tokens
+    and keeps under the limit, near it, while its usage stays what the calls used."""
+    n, max_tokens = 120, 200
+    tokens_per_minute = 126_000  # ~10 calls of ~210 counted tokens a second; the server's 10 s window holds 100
+    with start_server(tokens_per_minute=tokens_per_minute, window_s=10.0, count_max_tokens=True) as server:
+        # Configured at 0.9 of the server's limit: a stall of this shared machine sends late calls in a bunch.
+        cfg = model_cfg(server, tokens_per_minute=round(0.9 * tokens_per_minute), max_tokens=max_tokens,
+                        token_limit_counts=client_counts)
+        started = time.monotonic()
+        results = run_batch(requests(n), cfg)
+        elapsed = time.monotonic() - started
+        stats = server.stats()
+    assert all(r.ok for r in results)
+    if client_counts == "used":
+        assert stats["rate_limited"] > 0, "the completion it expected is a fraction of what the provider counts"
+        return
+    assert stats["rate_limited"] == 0
+    counted_per_s = stats["counted_tokens"] / n * (n - 1) / elapsed
+    assert 0.8 * cfg.tokens_per_minute / 60 <= counted_per_s <= tokens_per_minute / 60, "near the limit, under it"
+    assert sum(r.prompt_tokens + r.completion_tokens for r in results) == stats["prompt_tokens"] + \
+        stats["completion_tokens"] < stats["counted_tokens"], "usage is what the calls used, not what was counted"
+
+
+def test_token_limit_counts_auto_is_max_tokens_on_openai_and_azure_endpoints_only():
+    assert LlmModelConfig().limit_counts_max_tokens, "no api_base: OpenAI's own endpoint"
+    assert LlmModelConfig(api_base="https://api.openai.com/v1").limit_counts_max_tokens
+    assert LlmModelConfig(api_type="azure", api_base="https://gateway.example.com").limit_counts_max_tokens
+    assert LlmModelConfig(api_base="https://my-resource.openai.azure.com/openai/v1").limit_counts_max_tokens
+    assert not LlmModelConfig(api_base="http://127.0.0.1:8800/v1").limit_counts_max_tokens
+    assert LlmModelConfig(api_base="http://127.0.0.1:8800/v1", token_limit_counts="max_tokens").limit_counts_max_tokens
+    assert not LlmModelConfig(token_limit_counts="used").limit_counts_max_tokens
 
 
 def test_rate_limiter_pause_delays_the_next_call():

@@ -337,8 +337,13 @@ class LlmClient:
             return estimate, count_tokens(response.choices[0].message.content or "")
 
         kind = stage or "chat"
-        response, outcome = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind, params["max_tokens"],
-                                                     used, item_id)
+        if self.cfg.limit_counts_max_tokens:  # the provider counts the call at its max_tokens when it is sent
+            counted = params["max_tokens"]
+            response, outcome = await self._with_retries(call, estimate + counted, f"{kind}:{item_id}", kind, None,
+                                                         lambda r: (used(r)[0] + counted, 0), item_id)
+        else:  # at the completion it returns: the reservation expects one (``CallTokens``)
+            response, outcome = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind,
+                                                         params["max_tokens"], used, item_id)
         result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
         if response is not None:
             choice = response.choices[0]
@@ -396,10 +401,10 @@ class LlmClient:
                             item_id: str | None = None) -> tuple[T | None, dict]:
         """The response (None after the last failure) and the outcome. ``call`` returns the raw response from the
         ``openai`` client it is given (``_openai_client``): its headers (a 429's too) may state the provider's
-        limits, for the limiter (``stated_limits``). The
-        reservation of ``estimate`` prompt tokens and the completion expected of a call of ``kind`` is settled
-        with what the answer ``used`` (prompt, completion) before the call's slot frees, so a window the answers
-        widen opens at once.
+        limits, for the limiter (``stated_limits``). The reservation of ``estimate`` tokens and the completion
+        expected of a call of ``kind`` (none without ``max_tokens``: the estimate is the whole call) is settled
+        with what the answer ``used`` (prompt, completion, as the provider's limit counts them) before the call's
+        slot frees, so a window the answers widen opens at once.
         ``latency_s`` is the time the endpoint took (every attempt), ``queue_s`` the time spent waiting for a
         slot, the rate budget or a retry's backoff: the two are reported separately. Embedding batches are
         bounded by the client's bound alone (no completion to price)."""

@@ -656,6 +656,7 @@ class Knobs:
     window_s: float = 60.0
     limit_per_endpoint: bool = False  # like a provider's per-model limits: chat and embeddings each get the limits
     limit_headers: bool = False  # state the limits and what is left of them on every answer, as OpenAI does
+    count_max_tokens: bool = False  # the tokens/min window counts a chat call's max_tokens, as OpenAI and Azure do
     error_rate: float = 0.0
     timeout_rate: float = 0.0
     timeout_mode: str = "drop"
@@ -730,6 +731,7 @@ class _State:
                         return max(0.001, at + k.window_s - now)
                 return k.window_s
             window.append((now, tokens))
+            self.counters["counted_tokens"] += tokens
             self.busiest["requests"] = max(self.busiest["requests"], len(window))
             self.busiest["tokens"] = max(self.busiest["tokens"], used + tokens)
             return None
@@ -779,6 +781,7 @@ class _State:
                 "unauthorized": c["unauthorized"],
                 "prompt_tokens": c["prompt_tokens"],
                 "completion_tokens": c["completion_tokens"],
+                "counted_tokens": c["counted_tokens"],  # what the tokens/min window charged the admitted calls
                 "request_hashes": dict(self.request_hashes),
                 "served_hashes": dict(self.served_hashes),
                 "repaid": {e: self.repaid[e] for e in ("chat", "embeddings")},
@@ -901,7 +904,9 @@ class _Handler(BaseHTTPRequestHandler):
             kind, payload, prompt_tokens, completion_tokens = self._chat(body, request_hash, seen)
         else:
             kind, payload, prompt_tokens, completion_tokens = self._embeddings(body)
-        wait = state.admit(endpoint, prompt_tokens + completion_tokens)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        counted = max_tokens if knobs.count_max_tokens and endpoint == "chat" and max_tokens else completion_tokens
+        wait = state.admit(endpoint, prompt_tokens + counted)
         admitted_at = time.monotonic()
         if wait is not None:
             state.count("rate_limited")
@@ -1086,6 +1091,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--limit-headers", action="store_true",
                         help="State the limits on every answer (OpenAI's x-ratelimit-* headers).")
+    parser.add_argument("--count-max-tokens", action="store_true",
+                        help="The tokens/min window counts a chat call's max_tokens, not its completion (as OpenAI and Azure do).")
     parser.add_argument("--error-rate", type=float, default=0.0, help="Share of requests answered with HTTP 500.")
     parser.add_argument("--timeout-rate", type=float, default=0.0, help="Share of requests that time out.")
     parser.add_argument(

@@ -33,11 +33,12 @@ _LATENCY_SMOOTHING = 0.2
 # one starves it until the first answer (a window sized at a latency L holds 2L + 2 s of calls:
 # ``in_flight_target``). At the request rate the window grows with that time, so it always holds more calls
 # than the rate has sent: no latency starves it (a fixed guess of 15 s held 32 s of calls, and a model
-# answering in a minute sent half the rate until its first answer). At the token rate it stays at the guess:
-# until the first answers a call is charged its prompt alone, so the calls of the first latency go out early
-# by their completions, and the answers' debt holds the rest of the minute back; the window stops those sends
-# after about 12 s of calls, so that a provider's minute sees no more than the limit even where the answers
-# take longer than a minute.
+# answering in a minute sent half the rate until its first answer). At the token rate it grows the same way
+# where a call's charge is the whole of what the provider counts (it counts max_tokens when the call is sent,
+# as OpenAI and Azure OpenAI do; embeddings), and else stays at the guess: until the first answers a call is
+# charged its prompt alone, so the calls of the first latency go out early by their completions, and the
+# answers' debt holds the rest of the minute back; the window stops those sends after about 12 s of calls, so
+# that a provider's minute sees no more than the limit even where the answers take longer than a minute.
 _INITIAL_LATENCY_S = 5.0
 # Before any call of a model: the size of a call that prices the first window at a tokens/min limit.
 _TYPICAL_PROMPT_TOKENS = 2000
@@ -154,6 +155,7 @@ class ModelRate:
         self.share = share
         self.stated_limits: tuple[float | None, float | None] = (None, None)
         self._first_priced_at: float | None = None
+        self._completions_unpriced = False  # a call was charged less than the completion it will return
         self._answered = latency_s is not None  # a latency known for this budget (not only ``learned``)
         if learned is not None:
             self.latency_s = learned["latency_s"]
@@ -190,8 +192,9 @@ class ModelRate:
     def in_flight(self, cap: int) -> int:
         """Little's law: the calls in flight that keep the current rate at the observed latency (at most ``cap``).
         Before this budget's first answer, at a guessed latency (``_INITIAL_LATENCY_S``) or the one ``learned``
-        from an earlier budget: at the calls the token rate allows, at that; at the request rate, at that or the
-        time the first call has been out, whichever is longer (the latency is at least that long)."""
+        from an earlier budget, or the time the first call has been out where that is longer (the latency is at
+        least that long); at the calls the token rate allows, at the guess alone where calls were charged less
+        than their completions (``_INITIAL_LATENCY_S``)."""
         factor = self.budget.factor()
         if self._answered:
             return in_flight_target(self.calls_per_minute() * factor, self.latency_s, cap)
@@ -199,7 +202,7 @@ class ModelRate:
         out_s = 0.0 if self._first_priced_at is None else self.budget.clock() - self._first_priced_at
         at_tokens = self.call_tokens.calls_per_minute(self.budget.tokens_per_minute) * factor
         return min(in_flight_target(self.budget.requests_per_minute * factor, max(guess, out_s), cap),
-                   in_flight_target(at_tokens, guess, cap))
+                   in_flight_target(at_tokens, guess if self._completions_unpriced else max(guess, out_s), cap))
 
     def observe_latencies(self, latencies: list[float]) -> None:
         self._answered = self._answered or bool(latencies)
@@ -208,9 +211,11 @@ class ModelRate:
                 (1 - _LATENCY_SMOOTHING) * self.latency_s + _LATENCY_SMOOTHING * latency)
 
     def price(self, prompt_tokens: int, kind: str, max_tokens: int | None) -> int:
-        """The tokens to reserve for a call: its prompt and the completion expected of ``kind``."""
+        """The tokens to reserve for a call: its prompt and the completion expected of ``kind`` (none without
+        ``max_tokens``: ``prompt_tokens`` are then all the provider counts)."""
         if self._first_priced_at is None:
             self._first_priced_at = self.budget.clock()
+        self._completions_unpriced = self._completions_unpriced or max_tokens is not None
         self.call_tokens.observe_prompt(prompt_tokens)
         return prompt_tokens + self.call_tokens.expected_completion(kind, max_tokens)
 
