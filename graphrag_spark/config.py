@@ -190,14 +190,6 @@ class LlmModelConfig(_Section):
     @property
     def attached_api_key(self) -> str | None:
         return self._api_key
-
-    @property
-    def limit_counts_max_tokens(self) -> bool:
-        """Whether the provider's tokens/min limit counts a chat call at its max_tokens (``token_limit_counts``)."""
-        if self.token_limit_counts != "auto":
-            return self.token_limit_counts == "max_tokens"
-        host = (urlsplit(self.api_base).hostname or "") if self.api_base else "api.openai.com"
-        return self.api_type == "azure" or host == "api.openai.com" or host.endswith(".openai.azure.com")
     temperature: float = Field(0.0, ge=0, le=2)
     max_tokens: int = Field(4000, gt=0)
     token_limit_counts: Literal["auto", "used", "max_tokens"] = Field(
@@ -212,6 +204,14 @@ class LlmModelConfig(_Section):
     timeout_s: float = Field(120.0, gt=0, description="Per-call timeout.")
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens (for the cost estimate).")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
+
+    @property
+    def limit_counts_max_tokens(self) -> bool:
+        """Whether the provider's tokens/min limit counts a chat call at its max_tokens (``token_limit_counts``)."""
+        if self.token_limit_counts != "auto":
+            return self.token_limit_counts == "max_tokens"
+        host = (urlsplit(self.api_base).hostname or "") if self.api_base else "api.openai.com"
+        return self.api_type == "azure" or host == "api.openai.com" or host.endswith(".openai.azure.com")
 
 
 class EmbeddingModelConfig(LlmModelConfig):
