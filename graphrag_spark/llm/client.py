@@ -337,13 +337,16 @@ class LlmClient:
             return estimate, count_tokens(response.choices[0].message.content or "")
 
         kind = stage or "chat"
-        if self.cfg.limit_counts_max_tokens:  # the provider counts the call at its max_tokens when it is sent
-            counted = params["max_tokens"]
-            response, outcome = await self._with_retries(call, estimate + counted, f"{kind}:{item_id}", kind, None,
-                                                         lambda r: (used(r)[0] + counted, 0), item_id)
-        else:  # at the completion it returns: the reservation expects one (``CallTokens``)
-            response, outcome = await self._with_retries(call, estimate, f"{kind}:{item_id}", kind,
-                                                         params["max_tokens"], used, item_id)
+        # The provider's tokens/min counts the call at its max_tokens when it is sent (OpenAI, Azure), or at the
+        # completion it returns, which the reservation expects (``CallTokens``).
+        at_max = params["max_tokens"] if self.cfg.limit_counts_max_tokens else 0
+
+        def counted(response: Any) -> tuple[int, int]:
+            prompt, completion = used(response)
+            return (prompt + at_max, 0) if at_max else (prompt, completion)
+
+        response, outcome = await self._with_retries(call, estimate + at_max, f"{kind}:{item_id}", kind,
+                                                     None if at_max else params["max_tokens"], counted, item_id)
         result = CallResult(cache_key=key, item_id=item_id, stage=stage, **outcome)
         if response is not None:
             choice = response.choices[0]
