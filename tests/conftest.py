@@ -173,14 +173,14 @@ def _run_early_job(module_name: str, job, workdir: Path) -> None:
     try:
         outcome = ("value", job(workdir))
     except BaseException as exc:  # noqa: BLE001 - handed to the module's tests, which fail with it
-        outcome = ("error", exc)
+        # A pickled exception loses its traceback: the text travels with it, so a failure says where it arose.
+        outcome = ("error", exc, "".join(traceback.format_exception(exc)))
     try:
         payload = pickle.dumps(outcome)
         pickle.loads(payload)  # an exception class that cannot be rebuilt fails here, not in the worker
     except Exception as exc:  # noqa: BLE001
-        detail = "".join(traceback.format_exception(outcome[1])) if outcome[0] == "error" else repr(exc)
-        payload = pickle.dumps(("error", RuntimeError(f"early job of {module_name} ({outcome[0]} not picklable):\n"
-                                                      f"{detail}")))
+        detail = outcome[2] if outcome[0] == "error" else repr(exc)
+        payload = pickle.dumps(("error", RuntimeError(f"{outcome[0]} not picklable"), detail))
     partial = _run_dir / f"{module_name}.partial"
     partial.write_bytes(payload)
     partial.replace(_early_outcome_file(module_name))
@@ -230,7 +230,7 @@ def early_result(request):
         if time.monotonic() > deadline:
             pytest.fail(f"the early job of {name} left no outcome in {_EARLY_JOB_TIMEOUT_S} s ({outcome_file})")
         time.sleep(1)
-    kind, value = pickle.loads(outcome_file.read_bytes())
+    kind, value, *where = pickle.loads(outcome_file.read_bytes())
     if kind == "error":
-        raise value
+        raise RuntimeError(f"the early job of {name} failed:\n{where[0]}") from value
     return value

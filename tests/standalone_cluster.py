@@ -130,8 +130,8 @@ def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g
             try:
                 if ready():
                     return
-            except OSError:
-                pass  # the master's web UI is not up yet
+            except (OSError, ValueError):
+                pass  # the master's web UI is not up yet (or answers its status page empty while it starts)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} not ready within {ready_timeout_s:.0f} s: see {tmp}/*.log")
             time.sleep(0.5)
