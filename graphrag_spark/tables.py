@@ -133,13 +133,13 @@ SCHEMAS: dict[str, StructType] = {
         ("item_key", STR), ("stage", STR), ("item_id", STR), ("model", STR), ("run_id", STR), ("result", STR),
         ("error", STR), ("n_calls", INT), ("attempts", INT), ("n_429", INT), ("prompt_tokens", LONG),
         ("completion_tokens", LONG), ("call_latencies", ArrayType(DoubleType())), ("created_at", TimestampType()),
-        ("queue_waits", ArrayType(DoubleType())),
+        ("queue_waits", ArrayType(DoubleType())), ("n_cut", INT),
     ),
     LLM_USAGE: _schema(
         ("run_id", STR), ("stage", STR), ("items", LONG), ("cache_hits", LONG), ("calls", LONG), ("retries", LONG),
         ("failures", LONG), ("n_429", LONG), ("prompt_tokens", LONG), ("completion_tokens", LONG),
         ("latency_p50_s", DBL), ("latency_p95_s", DBL), ("est_cost_usd", DBL), ("wall_s", DBL),
-        ("queue_p50_s", DBL), ("queue_p95_s", DBL),
+        ("queue_p50_s", DBL), ("queue_p95_s", DBL), ("cut_at_max_tokens", LONG),
     ),
     # A null vector is an item whose embedding call failed (counted in the run summary).
     TEXT_UNIT_EMBEDDINGS: _schema(("id", STR), ("vector", ArrayType(FloatType())), ("model_name", STR)),

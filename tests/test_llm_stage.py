@@ -95,6 +95,32 @@ def test_switching_claims_on_later_pays_only_for_the_claims(spark, make_config):
         assert server.stats()["served"]["chat"] == 6
         assert entities.count() > 0 and claims.count() > 0
 
+def test_answers_cut_at_their_max_tokens_are_counted_per_item_and_in_the_stage_usage(spark, make_config):
+    """An answer that stops at max_tokens (finish_reason "length") lost what it would have said past it: the
+    item's row and the stage's usage count it, so a max_tokens set low (it costs rate where the provider counts
+    it) shows what it cut. A gleaning check's one-token answer stops there by design and is not counted."""
+    from graphrag_spark.index.extraction import extract_llm_instances
+
+    texts = ["Alice Smith founded Acme Corp in Berlin.", "Bob Jones sued Acme Corp in Paris."]
+    with start_server(seed=3) as server:
+        cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
+                          "extraction.method=llm", "extraction.max_gleanings=1", "extraction.gleaning_check=before_each",
+                          "llm.chat.max_tokens=8")
+        store = T.TableStore(spark, cfg.storage)
+        run_id = new_run_id()
+        units = spark.createDataFrame([(f"u{i}", t) for i, t in enumerate(texts)], "id string, text string")
+        extract = extract_llm_instances(spark, store, units, cfg.extraction, cfg.llm, run_id).usages[0]
+        kinds = server.stats()["by_kind"]
+        checks = kinds.get("gleaning_loop_check", 0)
+        assert checks == 2 and extract.calls == 2 + checks + kinds.get("gleaning_continue", 0), kinds
+        assert extract.cut_at_max_tokens == extract.calls - checks > 2  # the first passes and any gleaning
+        per_item = store.read(T.LLM_RESULTS).where(f"run_id = '{run_id}'").select("n_cut").collect()
+        assert sum(r.n_cut for r in per_item) == extract.cut_at_max_tokens
+        usage_row = store.read(T.LLM_USAGE).where(f"run_id = '{run_id}' and stage = 'extract'").first()
+        assert usage_row.cut_at_max_tokens == extract.cut_at_max_tokens
+        assert f"cut at max_tokens {extract.cut_at_max_tokens:>4}" in extract.render()
+
+
 
 def _echo_items(spark, n):
     return spark.createDataFrame([(f"i{i}", f"thing {i}") for i in range(n)], "item_id string, payload string")

@@ -82,6 +82,9 @@ class CallResult:
     item_id: str | None = None
     stage: str | None = None
     finish_reason: str | None = None
+    # The answer stopped at its max_tokens (finish_reason "length"): what it would have said past it is lost. Not
+    # a one-token answer (a yes/no check), which stops there by design.
+    cut: bool = False
 
     @property
     def ok(self) -> bool:
@@ -352,6 +355,7 @@ class LlmClient:
             choice = response.choices[0]
             result.text = choice.message.content or ""
             result.finish_reason = choice.finish_reason
+            result.cut = choice.finish_reason == "length" and params["max_tokens"] > 1
             result.prompt_tokens, result.completion_tokens = used(response)
         return result
 

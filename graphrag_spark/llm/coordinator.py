@@ -93,6 +93,7 @@ class UsageFigures:
     n_429: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cut: int = 0
     latency_p50_s: float = 0.0
     latency_p95_s: float = 0.0
     queue_p50_s: float = 0.0
@@ -118,6 +119,7 @@ def usage_of(rows: list[dict]) -> UsageFigures:
         figures.n_429 += row["n_429"]
         figures.prompt_tokens += row["prompt_tokens"]
         figures.completion_tokens += row["completion_tokens"]
+        figures.cut += row.get("n_cut") or 0  # a journal row of an older version has none
         if row["error"] is not None:
             figures.failed_items += 1
             if len(figures.first_errors) < 3:
@@ -402,7 +404,8 @@ class Coordinator:
 
 def rows_frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     """Journal/buffer rows as a pandas frame in ``llm_results`` column order (timestamps parsed)."""
-    frame = pd.DataFrame(rows, columns=columns, dtype=object)
+    # A key a row lacks (a journal of an older version) is null, not NaN.
+    frame = pd.DataFrame([[row.get(c) for c in columns] for row in rows], columns=columns, dtype=object)
     frame["created_at"] = pd.to_datetime(frame["created_at"])
     return frame
 

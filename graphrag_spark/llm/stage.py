@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import secrets
 import threading
@@ -58,6 +59,8 @@ from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigu
 from graphrag_spark.llm.secrets import ensure_api_key
 from graphrag_spark.llm.throttle import JobBudget, ModelRate, RateLimiter, wave_items
 from graphrag_spark.progress import llm_meter
+
+log = logging.getLogger(__name__)
 
 RESULT_COLUMNS = [f.name for f in T.SCHEMAS[T.LLM_RESULTS].fields]
 _UNBOUNDED = 1_000_000  # the task's window bounds its calls, not the client's semaphore
@@ -92,10 +95,12 @@ class StageUsage:
     wall_s: float = 0.0
     queue_p50_s: float = 0.0
     queue_p95_s: float = 0.0
+    cut_at_max_tokens: int = 0  # answers that stopped at their max_tokens (``CallResult.cut``)
 
     def render(self) -> str:
         return (f"{self.stage:<24} items {self.items:>6}  cache hits {self.cache_hits:>6}  calls {self.calls:>6}  "
                 f"retries {self.retries:>4}  429s {self.n_429:>4}  failures {self.failures:>4}  "
+                f"cut at max_tokens {self.cut_at_max_tokens:>4}  "
                 f"tokens {self.prompt_tokens:>9}+{self.completion_tokens:<8} latency p50 {self.latency_p50_s:.2f}s "
                 f"p95 {self.latency_p95_s:.2f}s  queue p50 {self.queue_p50_s:.2f}s p95 {self.queue_p95_s:.2f}s  "
                 f"${self.est_cost_usd:.4f}  {self.wall_s:.1f}s")
@@ -134,7 +139,7 @@ def _work_row(run_id: str, stage: str, model: str, key: str, item_id: str, work:
         "result": None if work.error else json.dumps(work.result, ensure_ascii=False),
         "error": work.error, "n_calls": len(calls), "attempts": sum(c.attempts for c in calls),
         "n_429": sum(c.n_429 for c in calls), "prompt_tokens": sum(c.prompt_tokens for c in calls),
-        "completion_tokens": sum(c.completion_tokens for c in calls),
+        "completion_tokens": sum(c.completion_tokens for c in calls), "n_cut": sum(c.cut for c in calls),
         "call_latencies": [float(c.latency_s) for c in calls], "queue_waits": [float(c.queue_s) for c in calls],
         "created_at": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(),
     }
@@ -813,6 +818,9 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         store.deferred_usage.append(usage_row)
     else:
         append_usage(spark, store, [usage_row])
+    if usage.cut_at_max_tokens:
+        log.warning("LLM stage '%s': %d answers stopped at their max_tokens, and what they would have said past it "
+                    "is lost (each was parsed up to the cut). Raise the stage's max_tokens to keep it.", stage, usage.cut_at_max_tokens)
     if n_items and n_failed / n_items > llm.max_failed_share:
         examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "
@@ -833,7 +841,8 @@ def _usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, mod
                        calls=figures.calls, retries=figures.attempts - figures.calls, n_429=figures.n_429,
                        prompt_tokens=figures.prompt_tokens, completion_tokens=figures.completion_tokens,
                        latency_p50_s=figures.latency_p50_s, latency_p95_s=figures.latency_p95_s,
-                       queue_p50_s=figures.queue_p50_s, queue_p95_s=figures.queue_p95_s)
+                       queue_p50_s=figures.queue_p50_s, queue_p95_s=figures.queue_p95_s,
+                       cut_at_max_tokens=figures.cut)
     usage.est_cost_usd = round(usage.prompt_tokens / 1000 * model.price_per_1k_prompt
                                + usage.completion_tokens / 1000 * model.price_per_1k_completion, 6)
     return usage
