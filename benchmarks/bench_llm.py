@@ -110,15 +110,17 @@ def _wave_time(connect_wave_s: float | None) -> list[str]:
 def run(corpus: str, rpm: int, latency: float, chunk_size: int, gleanings: int, max_chunks: int | None,
         tpm: int | None = None, connect: bool = False, items_per_commit: int = 1000,
         connect_wave_s: float | None = None, job_over: float = 1.0, limit_headers: bool = False,
-        server_counts_max_tokens: bool = False, job_counts: str = "auto", max_tokens: int | None = None) -> dict:
+        server_counts_max_tokens: bool = False, job_counts: str = "auto", max_tokens: int | None = None,
+        server_window_s: float = 60.0, job_interval_s: float | None = None) -> dict:
     root = tempfile.mkdtemp(prefix="bench_llm_")
     with ExitStack() as stack:
         server = stack.enter_context(start_server(latency_s=latency, requests_per_minute=rpm, tokens_per_minute=tpm,
                                                   limit_headers=limit_headers, count_max_tokens=server_counts_max_tokens,
-                                                  seed=1))
+                                                  window_s=server_window_s, seed=1))
         spark, cfg = _session(stack, root, connect, [
             *_chunking(corpus, chunk_size), "extraction.method=llm", f"extraction.max_gleanings={gleanings}",
             f"llm.chat.api_base={server.base_url}", f"llm.chat.requests_per_minute={round(rpm * job_over)}",
+            *([f"llm.chat.limit_interval_s={job_interval_s}"] if job_interval_s else []),
             f"llm.chat.tokens_per_minute={round(tpm * job_over) if tpm else 100_000_000}", f"llm.items_per_commit={items_per_commit}",
             f"llm.chat.token_limit_counts={job_counts}", *([f"llm.chat.max_tokens={max_tokens}"] if max_tokens else []),
             *_wave_time(connect_wave_s)])
@@ -375,6 +377,11 @@ def main() -> None:
     parser.add_argument("--job-counts", choices=["auto", "used", "max_tokens"], default="auto",
                         help="llm.chat.token_limit_counts: what the job takes the provider's tokens/min to count")
     parser.add_argument("--max-tokens", type=int, default=None, help="llm.chat.max_tokens (the config's default unset)")
+    parser.add_argument("--server-window", type=float, default=60.0, metavar="S",
+                        help="the server enforces the limits over S s (at S/60 of them), as Azure OpenAI enforces "
+                             "its requests/min over 1 s or 10 s")
+    parser.add_argument("--job-interval", type=float, default=None, metavar="S",
+                        help="llm.chat.limit_interval_s: the interval the job takes the limits to be enforced over")
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--chunk-size", type=int, default=600)
     parser.add_argument("--gleanings", type=int, default=1)
@@ -405,7 +412,8 @@ def main() -> None:
             continue
         result = run(corpus, args.rpm, args.latency, args.chunk_size, args.gleanings, args.max_chunks, args.tpm, args.connect,
                      args.items_per_commit or 1000, connect_wave_s, args.job_over, args.limit_headers,
-                     args.server_counts_max_tokens, args.job_counts, args.max_tokens)
+                     args.server_counts_max_tokens, args.job_counts, args.max_tokens, args.server_window,
+                     args.job_interval)
         print(f"{corpus}{waves}: " + ", ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -195,6 +195,9 @@ class LlmModelConfig(_Section):
     token_limit_counts: Literal["auto", "used", "max_tokens"] = Field(
         "auto", description="What the provider's tokens/min limit counts a chat call as: `max_tokens` = its prompt and its max_tokens, when it is sent (OpenAI's and Azure OpenAI's documented accounting: a max_tokens far above the answers costs rate); `used` = its prompt and the completion it returned; `auto` = `max_tokens` on OpenAI's and Azure OpenAI's endpoints, else `used`."
     )
+    limit_interval_s: float | None = Field(
+        None, gt=0, le=60, description="The interval over which the provider enforces its per-minute limits, at that part of them (Azure OpenAI: \"typically 1 or 10 seconds\": a burst a minute's limit allows is refused there); unset = 10 on Azure OpenAI's endpoints, else 60."
+    )
     requests_per_minute: int = Field(500, gt=0, description="Whole-job request budget, shared by concurrent tasks.")
     tokens_per_minute: int = Field(200_000, gt=0, description="Whole-job token budget, shared by concurrent tasks.")
     concurrency: int | None = Field(
@@ -205,13 +208,23 @@ class LlmModelConfig(_Section):
     price_per_1k_prompt: float = Field(0.0, ge=0, description="USD per 1k prompt tokens (for the cost estimate).")
     price_per_1k_completion: float = Field(0.0, ge=0, description="USD per 1k completion tokens.")
 
+    def _host(self) -> str:
+        return (urlsplit(self.api_base).hostname or "") if self.api_base else "api.openai.com"
+
+    def _on_azure(self) -> bool:
+        return self.api_type == "azure" or self._host().endswith(".openai.azure.com")
+
     @property
     def limit_counts_max_tokens(self) -> bool:
         """Whether the provider's tokens/min limit counts a chat call at its max_tokens (``token_limit_counts``)."""
         if self.token_limit_counts != "auto":
             return self.token_limit_counts == "max_tokens"
-        host = (urlsplit(self.api_base).hostname or "") if self.api_base else "api.openai.com"
-        return self.api_type == "azure" or host == "api.openai.com" or host.endswith(".openai.azure.com")
+        return self._on_azure() or self._host() == "api.openai.com"
+
+    @property
+    def enforced_interval_s(self) -> float:
+        """The interval over which the provider enforces its per-minute limits (``limit_interval_s``)."""
+        return self.limit_interval_s or (10.0 if self._on_azure() else 60.0)
 
 
 class EmbeddingModelConfig(LlmModelConfig):

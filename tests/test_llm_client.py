@@ -412,6 +412,39 @@ def test_a_burst_of_429s_lowers_the_rate_to_what_the_provider_admitted_and_its_p
     assert early.factor() == 1.0
 
 
+def test_where_the_provider_enforces_its_limits_over_10_s_the_burst_is_that_part_and_a_429_is_measured_over_the_sending():
+    """Azure OpenAI enforces its requests/min over short intervals ("typically 1 or 10 seconds", at that part of
+    them). After idle time a budget enforced over 10 s bursts a sixth of what a minute's allows; a 429 in a
+    stage's first seconds, at the budget's own rate, lowers the rate to what was admitted since it began sending,
+    here nothing, not to half (over a minute it halves: nothing was measured)."""
+    now = [0.0]
+
+    def bursting(interval_s: float) -> int:
+        budget = JobBudget(600, 10**9, burst_s=1.0, clock=lambda: now[0], interval_s=interval_s)
+        now[0] = 100.0  # idle: the burst is full
+        return sum(budget.reserve(1000) == 0 for _ in range(20))
+
+    assert (bursting(60.0), bursting(10.0)) == (9, 1)  # 1 s of 9.85 calls a second; a sixth of it (1.6)
+
+    def after_429s(interval_s: float) -> list[float]:
+        now[0] = 0.0
+        budget = JobBudget(600, 10**9, headroom=1.0, recovery_s=10.0, clock=lambda: now[0], interval_s=interval_s)
+        for i in range(90):  # 9 s at the limit, from 5 s on
+            now[0] = 5.0 + i / 10
+            budget.reserve(1000)
+        budget.on_rate_limited(0.1)
+        factors = [budget.factor()]
+        now[0] += 2.0  # another 429, nothing sent since: 88 of 109 admitted over the 10.9 s since 5 s
+        budget.on_rate_limited(0.1)
+        return factors + [budget.factor()]
+
+    assert after_429s(60.0)[0] == 0.5
+    assert after_429s(10.0) == [1.0, pytest.approx(88 / 109)]  # 89 of the 89 the limit allowed in 8.9 s
+    assert LlmModelConfig().enforced_interval_s == 60.0
+    assert LlmModelConfig(api_base="https://my-resource.openai.azure.com/openai/v1").enforced_interval_s == 10.0
+    assert LlmModelConfig(api_type="azure", limit_interval_s=1).enforced_interval_s == 1.0
+
+
 def test_calls_reserved_before_a_429_wait_out_its_pause_then_go_at_the_lowered_rate():
     """Calls whose turn was given before a burst of 429s do not go into the window the provider has just
     refused: each reserves again once it wakes, after the pause and at the lowered rate."""

@@ -267,7 +267,8 @@ class LlmClient:
         _allow_open_files()  # once a client, not once an ``openai`` client it makes
         self._pools = [_build_openai_client(cfg, self._api_key)]  # more are made as the calls in flight grow
         self._calls_on = [0]  # the calls in flight on each
-        self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share)
+        self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share,
+                                               interval_s=cfg.enforced_interval_s)
         self._most_in_flight = concurrency or cfg.concurrency or _DEFAULT_CONCURRENCY
         self._slots = CallSlots()
         self._rng = random.Random()

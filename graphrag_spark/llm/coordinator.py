@@ -77,12 +77,15 @@ _BUDGETS: dict[tuple, ModelBudget] = {}
 _BUDGETS_LOCK = threading.Lock()
 
 
-def shared_budget(key: tuple, requests_per_minute: float, tokens_per_minute: float) -> ModelBudget:
-    """The driver's budget for ``key`` (endpoint, model) at these limits, created on first use."""
+def shared_budget(key: tuple, requests_per_minute: float, tokens_per_minute: float,
+                  interval_s: float = 60.0) -> ModelBudget:
+    """The driver's budget for ``key`` (endpoint, model) at these limits, enforced over ``interval_s``, created
+    on first use."""
     with _BUDGETS_LOCK:
-        full_key = (*key, requests_per_minute, tokens_per_minute)
+        full_key = (*key, requests_per_minute, tokens_per_minute, interval_s)
         if full_key not in _BUDGETS:
-            _BUDGETS[full_key] = ModelBudget(JobBudget(requests_per_minute, tokens_per_minute), threading.Lock())
+            _BUDGETS[full_key] = ModelBudget(JobBudget(requests_per_minute, tokens_per_minute, interval_s=interval_s),
+                                             threading.Lock())
         return _BUDGETS[full_key]
 
 

@@ -481,7 +481,8 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
     """The calls of ``pending`` (``n_pending`` items split into ``n_tasks`` partitions) in one Spark job, each
     task talking to the driver's coordinator; with ``follow``, the follow-ups too, and with ``fed``, the
     records made of a feed while the job runs."""
-    budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute)
+    budget = shared_budget((model.api_base, model.model), model.requests_per_minute, model.tokens_per_minute,
+                           model.enforced_interval_s)
 
     def follow_row(row: dict) -> list[dict]:
         records = follow.after([(row["item_key"], row["result"], row["error"])])
@@ -620,7 +621,8 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 elapsed = time.monotonic() - began
                 return started < fewest or elapsed < wave_s or (len(records) - started) * elapsed <= started * wave_s / 2
 
-            limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from)
+            limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from,
+                                  interval_s=model.enforced_interval_s)
             works = run_items(records, safe_fn, model, share, concurrency, limiter, may_start)
             rows = [json.dumps(row_of(r, w), ensure_ascii=False) if w is not None else None
                     for r, w in zip(records, works)]

@@ -52,7 +52,9 @@ _HEADROOM_ANSWERS = 20
 _HEADROOM_DEVIATIONS = 3.0
 _HEADROOM_BOUNDS = (0.80, 0.975)
 # A provider's limits are per minute: a 429 tells that what this budget sent in the last minute (less what was
-# refused) is about all the provider admits of it.
+# refused) is about all the provider admits of it. One that enforces them over a shorter interval (Azure OpenAI:
+# "typically 1 or 10 seconds", at that part of them) refuses a call that comes early by a fraction of the
+# interval, however little was sent in the minute: there the 429 is measured over the time the budget has sent.
 _ADMITTED_SPAN_S = 60.0
 # Above the rate a burst of 429s measured the provider admitting, the share of the limits a budget tries again
 # per second: slowly, since each try past a limit that others share costs a 429 or two, and the limit may
@@ -373,7 +375,11 @@ class JobBudget:
     A provider's one-minute window sees at most one burst plus a minute at the budget's rate: 0.25 s
     and 0.985 of the limit make that 0.989 of it, and leave about half a second of send jitter before
     a 429 (a second's burst at 0.97 left 0.8 s, and gave away 3% of every limit). A burst only follows
-    idle budget, so its size never sets the sustained rate.
+    idle budget, so its size never sets the sustained rate. Where the provider enforces its limits over a
+    shorter ``interval_s`` (at that part of them), the burst is that part of ``burst_s``, and a burst of 429s
+    lowers the rate to what was admitted since the last interval without a send (over a
+    minute, a 429 in a stage's first seconds halved the rate: Carol at 600 requests/min enforced over 10 s ran
+    at 0.76 of the limit, over 1 s at 0.58).
 
     Tokens aim lower (``token_headroom``, then ``aim_tokens``): a call's tokens are an estimate until its
     answer settles them a latency later, so a window's edges hold the errors of the calls just sent, one
@@ -384,13 +390,14 @@ class JobBudget:
 
     def __init__(self, requests_per_minute: float, tokens_per_minute: float, *, headroom: float = 0.985,
                  token_headroom: float = 0.96, burst_s: float = 0.25, min_factor: float = 0.05,
-                 recovery_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 recovery_s: float = 30.0, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._refunds = 0.0  # overestimates not yet given back (``settle``)
         self._request_rate = requests_per_minute * headroom / 60.0
         self._token_rate = tokens_per_minute * token_headroom / 60.0
-        self._burst_s = burst_s
+        self._burst_s = burst_s * min(1.0, interval_s / 60.0)
+        self._interval_s = min(interval_s, _ADMITTED_SPAN_S)
         self._min_factor = min_factor
         self._recovery_s = recovery_s
         self.clock = clock
@@ -403,6 +410,7 @@ class JobBudget:
         self._regain = 0.0  # ... and what of the rate before it comes back over ``recovery_s`` (after a halving)
         self._decreased_at = now - recovery_s
         self._sends: deque[tuple[float, int]] = deque()  # (sent at, tokens) of the reservations
+        self._sending_since = now  # the first reservation after an interval with none
         self._refused: deque[float] = deque()  # when the 429s came
         self.refusals = 0  # bursts of 429s so far: a reservation granted before the latest one is stale
 
@@ -452,6 +460,8 @@ class JobBudget:
         """Charge one request of about ``tokens`` tokens; returns the seconds to wait before sending it."""
         now = self.clock()
         factor = self._refill(now)
+        if not self._sends or now - self._sends[-1][0] > self._interval_s:  # the provider's interval saw none
+            self._sending_since = now
         self._requests -= 1.0
         self._tokens -= tokens
         wait = max(0.0, self._paused_until - now) + max(0.0, -self._requests / (self._request_rate * factor),
@@ -473,12 +483,17 @@ class JobBudget:
 
     def _admitted_share(self, now: float) -> float:
         """What the provider admitted of the last minute's sends (those sent less the 429s), as a share of
-        the limits: the larger of the requests' and the tokens'."""
-        since = now - _ADMITTED_SPAN_S
-        sent = [tokens for at, tokens in self._sends if since < at <= now]
-        admitted = max(0, len(sent) - len(self._refused))
+        the limits: the larger of the requests' and the tokens'. Where it enforces them over a shorter interval,
+        of the sends since the last interval without any (at most a minute's)."""
+        span = _ADMITTED_SPAN_S
+        if self._interval_s < _ADMITTED_SPAN_S:
+            span = min(span, max(1e-3, now - self._sending_since))
+        since = now - span
+        sent = [tokens for at, tokens in self._sends if since <= at <= now]
+        admitted = max(0, len(sent) - sum(1 for at in self._refused if at >= since))
         tokens = sum(sent) * admitted / len(sent) if sent else 0.0
-        return max(admitted / self.requests_per_minute, tokens / self.tokens_per_minute)
+        per_minute = span / 60.0
+        return max(admitted / (self.requests_per_minute * per_minute), tokens / (self.tokens_per_minute * per_minute))
 
     def _give_back_waiting(self, now: float) -> None:
         """Give back the reservations that wait to be sent: a burst of 429s made them stale, and their callers
