@@ -822,7 +822,8 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         append_usage(spark, store, [usage_row])
     if usage.cut_at_max_tokens:
         log.warning("LLM stage '%s': %d answers stopped at their max_tokens, and what they would have said past it "
-                    "is lost (each was parsed up to the cut). Raise the stage's max_tokens to keep it.", stage, usage.cut_at_max_tokens)
+                    "is lost (each was parsed up to the cut). Raise the stage's max_tokens to keep it.",
+                    stage, usage.cut_at_max_tokens)
     if n_items and n_failed / n_items > llm.max_failed_share:
         examples = figures.first_errors
         raise StageFailed(f"LLM stage '{stage}': {n_failed} of {n_items} items failed "

