@@ -171,7 +171,7 @@ def _early_outcome_file(module_name: str) -> Path:
 def _run_early_job(module_name: str, job, workdir: Path) -> None:
     """Run one early job and leave its value, or its exception, where any worker can read it."""
     try:
-        outcome = ("value", job(workdir))
+        outcome = ("value", job(workdir), None)
     except BaseException as exc:  # noqa: BLE001 - handed to the module's tests, which fail with it
         # A pickled exception loses its traceback: the text travels with it, so a failure says where it arose.
         outcome = ("error", exc, "".join(traceback.format_exception(exc)))
@@ -230,7 +230,7 @@ def early_result(request):
         if time.monotonic() > deadline:
             pytest.fail(f"the early job of {name} left no outcome in {_EARLY_JOB_TIMEOUT_S} s ({outcome_file})")
         time.sleep(1)
-    kind, value, *where = pickle.loads(outcome_file.read_bytes())
+    kind, value, where = pickle.loads(outcome_file.read_bytes())
     if kind == "error":
-        raise RuntimeError(f"the early job of {name} failed:\n{where[0]}") from value
+        raise RuntimeError(f"the early job of {name} failed:\n{where}") from value
     return value
