@@ -247,6 +247,21 @@ def conform(df: DataFrame, name: str) -> DataFrame:
     return df.select([df[f.name].cast(f.dataType).alias(f.name) for f in SCHEMAS[name].fields])
 
 
+def absolute_path(spark: SparkSession, location: str) -> str:
+    """``location`` made absolute on the session's default file system, as Spark would resolve it (against
+    the driver's working directory on a local one): Delta reads ``delta.`<path>``` in SQL as a table only
+    for an absolute path, and fails on a relative one as an unsupported "direct query on files", so every
+    SQL statement on the index (the lock's UPDATE, MERGEs) needs one. A URI or an absolute path is kept as
+    written; on Spark Connect the server resolves paths, out of the client's reach."""
+    if location.startswith("/") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", location) or is_connect(spark):
+        return location
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    qualified = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).makeQualified(path)
+    uri = qualified.toUri()
+    return uri.getPath() if uri.getScheme() == "file" else qualified.toString()
+
+
 class TableStore:
     """Reads and writes the index's Delta tables under one root (path or database).
 
@@ -258,7 +273,7 @@ class TableStore:
 
     def __init__(self, spark: SparkSession, storage: StorageConfig, versions: dict[str, int] | None = None):
         self.spark = spark
-        self.storage = storage
+        self.storage = storage if storage.database else storage.model_copy(update={"root": absolute_path(spark, storage.root)})
         self.versions = versions
         self._scratch: set[str] = set()
         # Set to a list by a job that appends its llm_usage rows at its end, in one commit (llm.stage).

@@ -8,6 +8,7 @@ Offline method (the properties here do not depend on what a model writes); the L
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 
@@ -266,6 +267,23 @@ def test_change_data_feed_reads_only_changed_rows_and_records_the_version(spark,
 def test_lock_sql_strings_survive_quotes_and_backslashes(spark):
     value = "it's a \\ job's name"
     assert spark.sql(f"SELECT {runs._sql_string(value)} AS v").collect()[0].v == value
+
+
+def test_a_relative_root_is_resolved_as_spark_would_and_its_lock_works_in_sql(spark, tmp_path):
+    """The quickstart's root is relative (output/index), and Delta takes ``delta.`<path>``` in SQL (the lock's
+    UPDATE) only for an absolute path: a relative one failed as an unsupported "direct query on files"."""
+    from graphrag_spark.config import StorageConfig
+
+    jvm_working_dir = spark.sparkContext._jvm.java.lang.System.getProperty("user.dir")
+    store = T.TableStore(spark, StorageConfig(root=os.path.relpath(tmp_path / "index", jvm_working_dir)))
+    assert store.location(T.DOCUMENTS) == f"{tmp_path}/index/{T.DOCUMENTS}"
+    probe = lambda: runs.IndexLock(store, "probe", RefreshConfig()).holder()  # noqa: E731
+    for run_id in ("first", "second"):  # the first creates the lock's table, the second takes it with an UPDATE
+        with runs.IndexLock(store, run_id, RefreshConfig()):
+            assert probe()["run_id"] == run_id
+        assert probe() is None
+    for written in ("s3a://bucket/index", "/already/absolute"):
+        assert T.TableStore(spark, StorageConfig(root=written)).storage.root == written
 
 
 def test_vacuum_deletes_files_only_old_versions_use_and_restores_the_listing_width(spark, tmp_path):

@@ -175,7 +175,9 @@ def EARLY_JOB(tmp: Path) -> ClusterRun:
         # Every call without the key is a 401. At most two calls in flight job-wide, so a lost task can have at
         # most two calls in flight.
         with start_server(api_key=SECRET, latency_s=0.5) as server:
-            settings = [f"storage.root={tmp / 'index'}", f"input.path={_corpus(tmp / 'corpus')}", "chunking.size=200",
+            # A root relative to the jobs' working directory, as the quickstart's is: resolved on the driver,
+            # whatever the executors' own working directories.
+            settings = [f"storage.root={os.path.relpath(tmp / 'index', REPO)}", f"input.path={_corpus(tmp / 'corpus')}", "chunking.size=200",
                         "chunking.overlap=20", "extraction.method=llm", "extraction.max_gleanings=0",
                         "embeddings.provider=openai", f"llm.chat.api_base={server.base_url}",
                         f"llm.chat.api_key_env={KEY_ENV}", "llm.chat.model=local-model",

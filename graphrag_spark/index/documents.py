@@ -360,13 +360,13 @@ def _group(parsed: DataFrame, listed: list[str] | None = None) -> InputRead:
     return InputRead(documents, rejects, counts)
 
 
-def _table_name(cfg: InputConfig) -> str:
-    return f"delta.`{cfg.path}`" if cfg.format == "delta" else cfg.path
+def _table_name(spark: SparkSession, cfg: InputConfig) -> str:
+    return f"delta.`{T.absolute_path(spark, cfg.path)}`" if cfg.format == "delta" else cfg.path
 
 
 def source_table_version(spark: SparkSession, cfg: InputConfig) -> int:
     """The latest Delta version of a table input (recorded as the version a run processed)."""
-    return int(spark.sql(f"DESCRIBE HISTORY {_table_name(cfg)} LIMIT 1").collect()[0]["version"])
+    return int(spark.sql(f"DESCRIBE HISTORY {_table_name(spark, cfg)} LIMIT 1").collect()[0]["version"])
 
 
 def build_documents_from_changes(spark: SparkSession, cfg: InputConfig, published: DataFrame,
