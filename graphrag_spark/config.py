@@ -360,13 +360,22 @@ class RefreshConfig(_Section):
     vacuum_retain_hours: float | None = Field(168.0, ge=0, description="After a run that removed content, VACUUM the index tables keeping this many hours of history (older runs stop being openable); null = never VACUUM.")
 
 
+def _default_ivy_cache() -> str:
+    """Not relative to the working directory: a project folder made by ``graphrag-spark init`` would resolve
+    the JARs from Maven again, into a cache of its own, and behind a firewall fail where setup had succeeded."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "scripts" / "setup.sh").is_file():
+        return str(checkout / ".cache" / "ivy")
+    return str(Path.home() / ".cache" / "graphrag-spark" / "ivy")
+
+
 class SparkConfig(_Section):
     master: str | None = Field(None, description="Master URL; `sc://host:port` = a Spark Connect server; None = what spark-submit supplies, else local[*].")
     app_name: str = Field("graphrag-spark")
     shuffle_partitions: int = Field(
         8, gt=0, description="spark.sql.shuffle.partitions for a local master (small machines want few); on a cluster only when set explicitly."
     )
-    ivy_cache: str = Field(".cache/ivy", description="Where the Delta JARs from Maven Central are resolved and cached (once per machine).")
+    ivy_cache: str = Field(default_factory=_default_ivy_cache, description="Where the Delta JARs from Maven Central are resolved and cached, once; by default the checkout's .cache/ivy (where scripts/setup.sh resolves them) whichever folder a job runs from, else (an installed package) ~/.cache/graphrag-spark/ivy.")
     maven_repository: str = Field(
         "https://repo1.maven.org/maven2/", description="The one Maven repository JARs are resolved from (a mirror's URL where Central is blocked); ~/.m2 is never read."
     )

@@ -5,6 +5,8 @@ from graphrag_spark.errors import UserError
 from graphrag_spark.ids import content_id, normalize_name, normalize_text
 from graphrag_spark.raptor.params import RaptorParams
 
+from conftest import REPO
+
 
 def test_content_ids_are_stable_and_separator_safe():
     assert content_id("a", "b") == content_id("a", "b")
@@ -85,3 +87,12 @@ def test_shipped_configs_validate(name, monkeypatch):
     cfg = load_config(f"conf/{name}")
     assert cfg.extraction.method == ("nlp" if name == "local.yaml" else "llm")
     assert cfg.llm.chat.api_key_env.isidentifier(), "configs name the key's environment variable, never the key"
+
+
+def test_the_jar_cache_is_the_checkouts_whatever_folder_a_job_runs_from(tmp_path, monkeypatch):
+    """A project folder made by `graphrag-spark init` uses the JARs setup resolved, not a cache of its own."""
+    from graphrag_spark.config import SparkConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert SparkConfig().ivy_cache == str(REPO / ".cache" / "ivy")
+    assert load_config(REPO / "conf" / "local.yaml").spark.ivy_cache == str(REPO / ".cache" / "ivy")

@@ -24,8 +24,7 @@ def EARLY_JOB(workdir):
     for folder in ("conf", "data/sample"):
         shutil.copytree(REPO / folder, workdir / folder)
     command = [str(Path(sys.executable).parent / "graphrag-spark")]
-    # The JAR cache setup filled: a cache of the folder's own would resolve Delta from Maven again.
-    settings = ["--config", "conf/local.yaml", "--set", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}"]
+    settings = ["--config", "conf/local.yaml"]
     index = run_process([*command, "index", *settings], timeout=1200, cwd=workdir)
     query = run_process([*command, "query", *settings, "--level", "1", "What are the main themes?"],
                         timeout=600, cwd=workdir)
@@ -47,6 +46,7 @@ def test_the_quickstart_indexes_the_sample_quietly_and_answers(early_result, spa
     # The relative root is the job's folder's, and holds what the shared session built from the same config.
     cfg, summary = sample_index
     built = GraphRagIndex.load(spark, load_config(REPO / "conf" / "local.yaml", [f"storage.root={root}"]))
+    assert not (root.parent.parent / ".cache").exists(), "the JARs setup resolved were used, not resolved again"
     shared = GraphRagIndex.load(spark, cfg)
     assert f"entities                     {summary.counts['entities']}\n" in index.stdout
     for name, columns in ((T.ENTITIES, ["title"]), (T.RELATIONSHIPS, ["source", "target"]),
