@@ -412,6 +412,33 @@ def test_a_burst_of_429s_lowers_the_rate_to_what_the_provider_admitted_and_its_p
     assert early.factor() == 1.0
 
 
+def test_tasks_that_share_the_limits_send_in_turn_not_together():
+    """Tasks that each keep a share of the limits (Spark Connect's waves, a query's map step) start together.
+    Each holding one call at its start, they sent a call each at once and again together at every call
+    interval of their share: 64 tasks at 600 requests/min sent 640 calls in the first minute, 128 in its
+    first 10 s (a provider enforcing over 10 s allows 100) and 64 in its first second. Holding evenly spaced
+    parts of a call by their partition, they send in turn at the job's rate."""
+    import bisect
+
+    def busiest(tasks: int, **start) -> tuple[int, int, int]:
+        """The most calls sent in any 1 s, 10 s and 60 s of the first minute, every task reserving greedily."""
+        sent = []
+        for index in range(tasks):
+            budget = RateLimiter(600, 10**9, 1 / tasks, clock=lambda: 0.0, interval_s=10.0, task_index=index,
+                                 **start)._rate.budget
+            while (wait := budget.reserve(100)) < 60:
+                sent.append(wait)
+        sent.sort()
+        return tuple(max(bisect.bisect_left(sent, at + span) - i for i, at in enumerate(sent)) for span in (1, 10, 60))
+
+    assert busiest(64, start_requests=1.0) == (64, 128, 640), "the old start: a call per task at once"
+    for tasks in (4, 16, 64):
+        assert busiest(tasks) == (10, 99, 591), tasks  # 600 x 0.985 a minute, and its parts
+    assert RateLimiter(600, 10**9)._rate.budget._requests == 1.0, "a budget of the whole limits starts with a call"
+    # Outside a Spark task (no partition), a random place.
+    assert {RateLimiter(600, 10**9, 0.25)._rate.budget._requests for _ in range(200)} == {0.125, 0.375, 0.625, 0.875}
+
+
 def test_where_the_provider_enforces_its_limits_over_10_s_the_burst_is_that_part_and_a_429_is_measured_over_the_sending():
     """Azure OpenAI enforces its requests/min over short intervals ("typically 1 or 10 seconds", at that part of
     them). After idle time a budget enforced over 10 s bursts a sixth of what a minute's allows; a 429 in a

@@ -268,7 +268,8 @@ class LlmClient:
         self._pools = [_build_openai_client(cfg, self._api_key)]  # more are made as the calls in flight grow
         self._calls_on = [0]  # the calls in flight on each
         self._limiter = limiter or RateLimiter(cfg.requests_per_minute, cfg.tokens_per_minute, share,
-                                               interval_s=cfg.enforced_interval_s)
+                                               interval_s=cfg.enforced_interval_s,
+                                               task_index=spark_task_index())
         self._most_in_flight = concurrency or cfg.concurrency or _DEFAULT_CONCURRENCY
         self._slots = CallSlots()
         self._rng = random.Random()
@@ -475,6 +476,15 @@ def _run_sync(make_coro: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(make_coro())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(lambda: asyncio.run(make_coro())).result()
+
+
+def spark_task_index() -> int | None:
+    """The Spark partition this code runs in (None outside a task): a task's place among the tasks that share
+    the limits (``throttle.staggered_start``)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return None if context is None else context.partitionId()
 
 
 def task_concurrency(cfg: LlmModelConfig, max_in_flight: int, share: float) -> int:

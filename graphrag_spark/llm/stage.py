@@ -53,7 +53,8 @@ from graphrag_spark import tables as T
 from graphrag_spark.compat import LLM_ITEMS_PER_TASK, default_parallelism, is_connect, llm_tasks
 from graphrag_spark.config import LlmConfig, LlmModelConfig
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.llm.client import CallResult, ItemNotStarted, LlmClient, run_items, task_concurrency
+from graphrag_spark.llm.client import (CallResult, ItemNotStarted, LlmClient, run_items, spark_task_index,
+                                       task_concurrency)
 from graphrag_spark.llm.coordinator import (Coordinator, RemoteBudget, UsageFigures, journal_dir, read_journal,
                                             rows_frame, shared_budget, usage_of, wait_for)
 from graphrag_spark.llm.secrets import ensure_api_key
@@ -622,7 +623,7 @@ def _run_in_waves(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
                 return started < fewest or elapsed < wave_s or (len(records) - started) * elapsed <= started * wave_s / 2
 
             limiter = RateLimiter(model.requests_per_minute, model.tokens_per_minute, share, learned=start_from,
-                                  interval_s=model.enforced_interval_s)
+                                  interval_s=model.enforced_interval_s, task_index=spark_task_index())
             works = run_items(records, safe_fn, model, share, concurrency, limiter, may_start)
             rows = [json.dumps(row_of(r, w), ensure_ascii=False) if w is not None else None
                     for r, w in zip(records, works)]
