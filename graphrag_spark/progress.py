@@ -180,12 +180,14 @@ class ConsoleProgress:
                            now - meter.started if meter else None)
 
     def _line(self, only: str | None = None) -> str | None:
-        """One stage's line (``only``), or the running stages' lines side by side (Spark's tasks on the first)."""
+        """One stage's final line (``only``), or the running stages' lines side by side (Spark's tasks on the
+        first: the tracker cannot tell which stage a task is of, and a stage that ends shows none of the tasks
+        the stages still running have)."""
         with self._lock:
             names = [only] if only is not None else list(self._stages)
             if not names or names[0] not in self._stages:
                 return None
-            tasks = self._tasks()
+            tasks = self._tasks() if only is None else None
             return "  |  ".join(self._stage_line(name, tasks if i == 0 else None) for i, name in enumerate(names))
 
     def _write(self, line: str, final: bool) -> None:

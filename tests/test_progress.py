@@ -45,6 +45,28 @@ def test_a_failing_stage_leaves_the_console_to_its_error_sentence(spark):
 
 
 @pytest.mark.spark
+def test_a_stage_that_ends_shows_none_of_the_spark_tasks_of_the_stages_still_running(spark):
+    import threading
+    import time
+
+    def slow(frames):
+        time.sleep(3)
+        yield from frames
+
+    stream = io.StringIO()
+    console = progress.ConsoleProgress(spark, stream, "log", every_s=60)
+    with console.stage("embeddings"):
+        with console.stage("graph"):
+            job = threading.Thread(target=spark.range(2, numPartitions=2).mapInPandas(slow, "id long").collect)
+            job.start()
+            while not spark.sparkContext.statusTracker().getActiveStageIds():
+                time.sleep(0.05)
+        job.join()
+    graph_line = stream.getvalue().splitlines()[0]
+    assert graph_line.startswith("[graph] done") and "spark tasks" not in graph_line, graph_line
+
+
+@pytest.mark.spark
 def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_config, monkeypatch):
     from graphrag_spark import tables as T
     from graphrag_spark.llm.server import start_server
