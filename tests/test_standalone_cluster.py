@@ -177,8 +177,8 @@ def EARLY_JOB(tmp: Path) -> ClusterRun:
         with start_server(api_key=SECRET, latency_s=0.5) as server:
             # A root relative to the jobs' working directory, as the quickstart's is: resolved on the driver,
             # whatever the executors' own working directories.
-            settings = [f"storage.root={os.path.relpath(tmp / 'index', REPO)}", f"input.path={_corpus(tmp / 'corpus')}", "chunking.size=200",
-                        "chunking.overlap=20", "extraction.method=llm", "extraction.max_gleanings=0",
+            settings = [f"storage.root={os.path.relpath(tmp / 'index', REPO)}", f"input.path={_corpus(tmp / 'corpus')}",
+                        "chunking.size=200", "chunking.overlap=20", "extraction.method=llm", "extraction.max_gleanings=0",
                         "embeddings.provider=openai", f"llm.chat.api_base={server.base_url}",
                         f"llm.chat.api_key_env={KEY_ENV}", "llm.chat.model=local-model",
                         f"llm.embedding.api_base={server.base_url}", f"llm.embedding.api_key_env={KEY_ENV}",
