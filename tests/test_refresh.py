@@ -272,11 +272,15 @@ def test_lock_sql_strings_survive_quotes_and_backslashes(spark):
 def test_a_relative_root_is_resolved_as_spark_would_and_its_lock_works_in_sql(spark, tmp_path):
     """The quickstart's root is relative (output/index), and Delta takes ``delta.`<path>``` in SQL (the lock's
     UPDATE) only for an absolute path: a relative one failed as an unsupported "direct query on files"."""
-    from graphrag_spark.config import StorageConfig
+    from graphrag_spark.config import InputConfig, StorageConfig
+    from graphrag_spark.index import documents
 
     jvm_working_dir = spark.sparkContext._jvm.java.lang.System.getProperty("user.dir")
-    store = T.TableStore(spark, StorageConfig(root=os.path.relpath(tmp_path / "index", jvm_working_dir)))
+    relative = os.path.relpath(tmp_path / "index", jvm_working_dir)
+    store = T.TableStore(spark, StorageConfig(root=relative))
     assert store.location(T.DOCUMENTS) == f"{tmp_path}/index/{T.DOCUMENTS}"
+    # The same for a Delta table input (its version read with DESCRIBE HISTORY).
+    assert documents._table_name(spark, InputConfig(path=relative, format="delta")) == f"delta.`{tmp_path}/index`"
     probe = lambda: runs.IndexLock(store, "probe", RefreshConfig()).holder()  # noqa: E731
     for run_id in ("first", "second"):  # the first creates the lock's table, the second takes it with an UPDATE
         with runs.IndexLock(store, run_id, RefreshConfig()):
