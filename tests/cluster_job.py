@@ -19,13 +19,14 @@ from graphrag_spark.config import load_config  # noqa: E402
 from graphrag_spark.index import documents, extraction  # noqa: E402
 from graphrag_spark.index.chunks import build_text_units  # noqa: E402
 from graphrag_spark.session import build_spark  # noqa: E402
+from tiny_data import TINY_DATA_CONF  # noqa: E402
 
 
 def main(corpus: str, root: str) -> None:
     cfg = load_config(REPO / "conf" / "local.yaml", [f"input.path={corpus}", f"storage.root={root}",
                                                      f"spark.ivy_cache={REPO / '.cache' / 'ivy'}", "chunking.size=200",
                                                      "chunking.overlap=20"])
-    spark = build_spark(cfg.spark, master="local-cluster[2,1,1024]")
+    spark = build_spark(cfg.spark, master="local-cluster[2,1,1024]", extra_conf=TINY_DATA_CONF)
     units = build_text_units(documents.build_documents(spark, cfg.input).documents, cfg.chunking).repartition(4).persist()
     # Persisted, as the index job does: the counts below read one extraction pass, not one pass each.
     entities, relationships = extraction.split_instances(extraction.nlp_instances(units, cfg.extraction).persist())

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from llm_budget import UNTHROTTLED
+from tiny_data import TINY_DATA_CONF
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -50,16 +51,6 @@ def shared_path(relative: str) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
-
-
-# The shared session's data is a few kilobytes, so its JVM's work is planning, not rows: a Java Flight
-# Recorder profile of the sample index found 35% of its samples generating and compiling code (most of it a
-# projection over Delta's wide action schema, generated again in every task) and 7% listing a new table's
-# files for its first checksum. Interpreted expressions and no file list in the checksum give the same
-# rows, and took tests/test_refresh.py from 448 to 367 CPU-s (252 to 207 s) in one process. Jobs and
-# clusters that tests start in other processes keep Spark's and Delta's defaults.
-TINY_DATA_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-                  "spark.databricks.delta.allFilesInCrc.enabled": "false"}
 
 
 @pytest.fixture(scope="session")

@@ -53,8 +53,9 @@ def server_jars(spark_home: Path, ivy_cache: Path) -> list[str]:
 
 
 @contextmanager
-def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) -> Iterator[str]:
-    """Yields the server's ``sc://127.0.0.1:PORT`` URL once it accepts connections."""
+def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0,
+                   conf: dict[str, str] | None = None) -> Iterator[str]:
+    """Yields the server's ``sc://127.0.0.1:PORT`` URL once it accepts connections; ``conf``: more settings."""
     spark_home = Path(pyspark.__file__).parent
     port = _free_port()
     command = [
@@ -78,6 +79,7 @@ def connect_server(ivy_cache: Path, log_path: Path, startup_s: float = 180.0) ->
         "--conf", "spark.buffer.pageSize=4m",
         "--conf", "spark.sql.catalogImplementation=in-memory",
         "--conf", f"spark.sql.warehouse.dir={log_path.parent / 'warehouse'}",
+        *(arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")),
     ]
     env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1", "OPENBLAS_NUM_THREADS": "1"}

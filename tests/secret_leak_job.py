@@ -25,6 +25,7 @@ from graphrag_spark.index.pipeline import run_index  # noqa: E402
 from graphrag_spark.llm.server import start_server  # noqa: E402
 from graphrag_spark.query.executors import chat_in_executors  # noqa: E402
 from graphrag_spark.session import build_spark  # noqa: E402
+from tiny_data import TINY_DATA_CONF  # noqa: E402
 
 
 def step(name: str) -> None:
@@ -41,7 +42,7 @@ def main(corpus: str, root: str, event_log: str, key_env: str) -> None:
             f"llm.embedding.api_base={server.base_url}", f"llm.embedding.api_key_env={key_env}",
             "embeddings.provider=openai", "llm.chat.max_retries=1", "llm.embedding.max_retries=1",
             "spark.driver_memory=1g"])
-        spark = build_spark(cfg.spark, master="local[2]", extra_conf={
+        spark = build_spark(cfg.spark, master="local[2]", extra_conf={**TINY_DATA_CONF,
             "spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log, "spark.ui.enabled": "false",
             "spark.eventLog.compress": "false"})  # Spark 4 compresses event logs (zstd) by default: the test greps plain text
         store = T.TableStore(spark, cfg.storage)

@@ -30,11 +30,12 @@ def EARLY_JOB(workdir):
     """The Connect side, once, while other tests run (see conftest): a Connect server, and in a client
     process the index of data/sample, its RAPTOR tree, the notebook API's answers and an LLM index."""
     from connect_server import connect_server
+    from tiny_data import TINY_DATA_CONF
 
     root, out = workdir / "index", workdir / "verdict.json"
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), LLM_KEY_ENV: "sk-connect-test"}
     env.pop("SPARK_REMOTE", None)
-    with start_server() as llm, connect_server(REPO / ".cache" / "ivy", workdir / "server.log") as url:
+    with start_server() as llm, connect_server(REPO / ".cache" / "ivy", workdir / "server.log", conf=TINY_DATA_CONF) as url:
         done = run_process([sys.executable, str(REPO / "tests" / "connect_job.py"), "--remote", url,
                             "--root", str(root), "--input", str(SAMPLE_CORPUS), "--out", str(out),
                             "--llm", llm.base_url, "--llm-root", str(workdir / "llm_index")],

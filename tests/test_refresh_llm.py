@@ -6,6 +6,7 @@ finishes it without paying again for any call answered before the kill."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from graphrag_spark.llm.server import start_server
 from graphrag_spark.query.api import GraphRagIndex
 
 from conftest import REPO, SAMPLE_CORPUS
+from tiny_data import TINY_DATA_CONF
 
 pytestmark = pytest.mark.spark
 
@@ -33,7 +35,8 @@ def _overrides(server, root, folder):
     return [f"storage.root={root}", f"input.path={folder}", f"spark.ivy_cache={REPO / '.cache' / 'ivy'}",
             "extraction.method=llm", f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
             f"llm.chat.api_key_env={KEY_ENV}", "extraction.claims=true", "extraction.max_gleanings=0",
-            "chunking.size=300", "chunking.overlap=30", "communities.max_levels=2", "spark.shuffle_partitions=2"]
+            "chunking.size=300", "chunking.overlap=30", "communities.max_levels=2", "spark.shuffle_partitions=2",
+            f"spark.conf={json.dumps(TINY_DATA_CONF)}"]
 
 
 def _job(overrides, log):

@@ -23,6 +23,7 @@ from graphrag_spark.session import local_jars
 from conftest import REPO, SAMPLE_CORPUS, run_process, track
 from standalone_cluster import (SPARK_PYTHON_PATH, ProcessWatch, SeenProcess, StandaloneCluster, kill_process_tree,
                                 proc_stat, start_cluster, submit_command, submit_env)
+from tiny_data import TINY_DATA_CONF
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -30,8 +31,10 @@ SECRET = "sk-test-CLUSTER-KEY-MUST-NEVER-LEAK-9d41c7e0b2a6"
 KEY_ENV = "GRAPHRAG_CLUSTER_TEST_KEY"
 JOB_TIMEOUT_S = 900
 REPLACEMENT_TIMEOUT_S = 90  # a standalone master relaunches lost executors within seconds
-# A user's --conf for a tiny input: Delta reads its log in 50 tasks and Spark shuffles into 200 by default.
-SMALL_CLUSTER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
+# A user's --conf for a tiny input: Delta reads its log in 50 tasks and Spark shuffles into 200 by default;
+# code generation costs more than it saves on a few kilobytes.
+SMALL_CLUSTER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2",
+                      **TINY_DATA_CONF}
 
 
 def _pack_env(tmp: Path) -> Path:

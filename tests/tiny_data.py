@@ -1,0 +1,13 @@
+"""Spark settings for the few kilobytes of test data, shared by the test session and the jobs and servers
+that tests start in other processes.
+
+On such data a JVM's work is planning, not rows: a Java Flight Recorder profile of the sample index found
+35% of its samples generating and compiling code (most of it a projection over Delta's wide action schema,
+generated again in every task) and 7% listing a new table's files for its first checksum. Interpreted
+expressions and no file list in the checksum give the same rows, and took tests/test_refresh.py from 448
+to 367 CPU-s (252 to 207 s) in one process. The quickstart's jobs and Spark 3.5's keep Spark's and
+Delta's defaults, so the defaults stay tested end to end.
+"""
+
+TINY_DATA_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+                  "spark.databricks.delta.allFilesInCrc.enabled": "false"}
