@@ -68,6 +68,14 @@ def _tree_cpu_seconds() -> float:
     return sum(stats[pid][1] for pid in tree if pid in stats) / ticks
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (the driver's Python, not its JVM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 @contextmanager
 def _jobs_per_stage(spark, jobs: dict[str, int], cpu: dict[str, float]):
     """Counts the Spark jobs started inside each ``RunSummary.stage`` (one job group per stage) and
@@ -127,6 +135,8 @@ def index_corpus(corpus: Path, cores: int, keep: Path | None, overrides: list[st
               f"{summary.counts.get('communities per level')}")
         print(f"wall: session start {session_s:.1f} s, index {total_s - session_s:.1f} s, "
               f"total {total_s:.1f} s on local[{cores}]; driver BLAS: {_blas()}")
+        print(f"driver Python peak memory: {_peak_rss_mb():.0f} MB (the graph stage's rows held there up to "
+              f"graph.driver_max_instances)")
     finally:
         spark.stop()
         if keep is None:

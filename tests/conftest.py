@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib
+import json
 import os
 import pickle
 import shutil
@@ -34,6 +35,15 @@ _IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 if not _IN_WORKER:
     os.environ[_RUN_DIR_VARIABLE] = tempfile.mkdtemp(prefix="graphrag-spark-test-run-")
 _run_dir = Path(os.environ[_RUN_DIR_VARIABLE])
+
+
+def table_rows(store, name: str, columns: list[str] | None = None) -> list[tuple]:
+    """A table's rows (``columns``, else all its schema's), sorted and each value as JSON: comparable as lists."""
+    from graphrag_spark import tables as T
+
+    columns = columns or T.SCHEMAS[name].fieldNames()
+    return sorted(tuple(json.dumps(list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else v) for v in r)
+                  for r in store.read(name).select(*columns).collect())
 
 
 def in_ci() -> bool:

@@ -8,6 +8,8 @@ from graphrag_spark import tables as T
 from graphrag_spark.config import GraphConfig
 from graphrag_spark.index import graph
 
+from conftest import table_rows
+
 ENTITY_COLUMNS = ["id", "human_readable_id", "title", "type", "type_variants", "description", "descriptions",
                   "text_unit_ids", "frequency", "degree"]
 RELATIONSHIP_COLUMNS = ["id", "human_readable_id", "source", "target", "description", "descriptions", "weight",
@@ -146,3 +148,26 @@ def test_graph_inputs_from_the_parsed_rows_equal_a_collect_of_the_instance_table
     pd.testing.assert_frame_equal(entity_rows, collected[0])
     pd.testing.assert_frame_equal(relationship_rows, collected[1])
     assert len(entity_rows) == 3 and len(relationship_rows) == 2
+
+
+def test_an_index_whose_graph_is_built_in_spark_sql_publishes_the_driver_built_tables(spark, sample_index, make_config):
+    """The pipeline's Spark SQL path (a corpus over ``graph.driver_max_instances``, forced here with 0): its
+    graph and communities stages publish the tables the sample index got on the driver, row for row, with
+    the same drop counts, and the reports built from them are the same."""
+    from graphrag_spark.index.pipeline import run_index
+
+    driver_cfg, driver_summary = sample_index
+    cfg = make_config("graph.driver_max_instances=0")
+    summary = run_index(spark, cfg)
+    assert (summary.counts["graph aggregated"], driver_summary.counts["graph aggregated"]) == ("in Spark SQL",
+                                                                                              "on the driver")
+    counted = [key for key in driver_summary.counts if "dropped" in key or key in (
+        "entities", "relationships", "communities per level", "entities not clustered",
+        "isolated entities (no relationship)")]
+    assert len(counted) >= 10
+    assert {key: summary.counts[key] for key in counted} == {key: driver_summary.counts[key] for key in counted}
+    in_sql, on_driver = T.TableStore(spark, cfg.storage), T.TableStore(spark, driver_cfg.storage)
+    for name in (T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES, T.COMMUNITY_REPORTS):
+        published = table_rows(in_sql, name)
+        assert len(published) > 5, name
+        assert published == table_rows(on_driver, name), name

@@ -24,7 +24,7 @@ from graphrag_spark.index.pipeline import estimate_extraction, run_index
 from graphrag_spark.llm.server import start_server
 from graphrag_spark.llm.stage import new_run_id
 
-from conftest import REPO, SAMPLE_CORPUS
+from conftest import REPO, SAMPLE_CORPUS, table_rows
 from llm_budget import UNTHROTTLED
 
 pytestmark = pytest.mark.spark
@@ -69,6 +69,7 @@ class BuiltIndex:
     summary: object
     stats: dict
     nothing_changed: object
+    published: dict[str, list[tuple]]  # the graph's tables before the rebuild (table_rows)
     rerun: object
     rerun_served: int
     logs: str
@@ -90,23 +91,30 @@ def llm_index(spark, tmp_path_factory, mini_corpus):
             logger.addHandler(handler)
             logger.setLevel(logging.DEBUG)
         try:
-            cfg = _llm_config(tmp_path_factory.mktemp("llm_index") / "index", mini_corpus, server,
-                              "communities.max_cluster_size=4", "reports.max_input_tokens=1000",
-                              "embeddings.provider=openai", f"llm.embedding.api_base={server.base_url}",
-                              "llm.embedding.api_key_env=GRAPHRAG_TEST_KEY")
+            settings = ("communities.max_cluster_size=4", "reports.max_input_tokens=1000",
+                        "embeddings.provider=openai", f"llm.embedding.api_base={server.base_url}",
+                        "llm.embedding.api_key_env=GRAPHRAG_TEST_KEY")
+            cfg = _llm_config(tmp_path_factory.mktemp("llm_index") / "index", mini_corpus, server, *settings)
             with contextlib.redirect_stdout(printed):
                 dry = estimate_extraction(spark, cfg)
                 assert _served(server) == 0, "a dry run calls nothing"
                 summary = run_index(spark, cfg)
                 stats = server.stats()
                 nothing_changed = run_index(spark, cfg).counts["nothing changed"]
-                rerun = run_index(spark, cfg, full=True)
+                store = T.TableStore(spark, cfg.storage)
+                published = {name: table_rows(store, name) for name in
+                             (T.ENTITIES, T.RELATIONSHIPS, T.COMMUNITIES, T.COMMUNITY_REPORTS)}
+                # The rebuild takes the graph stage's Spark SQL path (a corpus over graph.driver_max_instances):
+                # the description lists its summaries are asked from are those the driver built.
+                rerun = run_index(spark, _llm_config(cfg.storage.root, mini_corpus, server, *settings,
+                                                     "graph.driver_max_instances=0"), full=True)
             rerun_served = _served(server)
         finally:
             for logger, level in zip(loggers, levels):
                 logger.removeHandler(handler)
                 logger.setLevel(level)
-    return BuiltIndex(cfg, dry, summary, stats, nothing_changed, rerun, rerun_served, logs.getvalue(), printed.getvalue())
+    return BuiltIndex(cfg, dry, summary, stats, nothing_changed, published, rerun, rerun_served, logs.getvalue(),
+                      printed.getvalue())
 
 
 def _served(server) -> int:
@@ -166,7 +174,10 @@ def test_llm_index_pays_each_call_once_and_a_rerun_pays_nothing(spark, llm_index
     rerun = llm_index.rerun
     assert llm_index.rerun_served == stats["served"]["chat"], "a full rebuild makes zero calls for work already in Delta"
     assert {u.stage: u.cache_hits for u in rerun.usage}["extract"] == extract.items
+    assert (rerun.counts["graph aggregated"], summary.counts["graph aggregated"]) == ("in Spark SQL", "on the driver")
     assert rerun.counts["entities"] == summary.counts["entities"]
+    for name, before in llm_index.published.items():  # the same summaries, communities and reports
+        assert table_rows(store, name) == before, name
 
     # Secrets: not in logs, printed output, config dumps or any Delta table.
     assert llm_index.logs, "the debug logs were captured"

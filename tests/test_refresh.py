@@ -7,7 +7,6 @@ Offline method (the properties here do not depend on what a model writes); the L
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -22,7 +21,7 @@ from graphrag_spark.index.pipeline import run_index
 from graphrag_spark.index.refresh import same_rows
 from graphrag_spark.query.api import GraphRagIndex
 
-from conftest import SAMPLE_CORPUS
+from conftest import SAMPLE_CORPUS, table_rows
 
 pytestmark = pytest.mark.spark
 
@@ -42,11 +41,6 @@ def _copy(folder, names):
     folder.mkdir(exist_ok=True)
     for name in names:
         shutil.copy(SAMPLE_CORPUS / name, folder / name)
-
-
-def _rows(store, name, columns):
-    return sorted(tuple(json.dumps(list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else v) for v in r)
-                  for r in store.read(name).select(*columns).collect())
 
 
 def _published(spark, cfg):
@@ -165,7 +159,7 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
               T.RELATIONSHIPS: ["id", "source", "target", "weight", "description", "text_unit_ids", "combined_degree"],
               T.CLAIMS: ["id", "text_unit_id", "subject", "description"]}
     for name, columns in tables.items():
-        assert _rows(after, name, columns) == _rows(reference, name, columns), f"{name} differs from a full build"
+        assert table_rows(after, name, columns) == table_rows(reference, name, columns), f"{name} differs from a full build"
 
     # Numbers are assigned once: every old entity keeps its number, new ones come after the largest.
     new_numbers = {r.id: r.human_readable_id for r in after.read(T.ENTITIES).collect()}
@@ -224,7 +218,7 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
             for needle in [deleted.id, *units, *only_there, B_SNIPPET]:
                 assert needle not in text, f"{name} still holds {needle!r} of the deleted document"
     # Back to corpus A: the same graph as the first run, with the first run's numbers.
-    assert _rows(gone, T.ENTITIES, tables[T.ENTITIES]) == _rows(before, T.ENTITIES, tables[T.ENTITIES])
+    assert table_rows(gone, T.ENTITIES, tables[T.ENTITIES]) == table_rows(before, T.ENTITIES, tables[T.ENTITIES])
     assert {r.id: r.human_readable_id for r in gone.read(T.ENTITIES).collect()} == old_entities
 
     # Every recorded run can still be opened as it was published (until VACUUM retention).
