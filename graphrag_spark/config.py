@@ -123,7 +123,7 @@ class GraphConfig(_Section):
         False, description="Cluster only the largest connected component; excluded nodes are counted in the run summary."
     )
     driver_max_instances: int = Field(
-        1_000_000, ge=0, description="At or below this many entity plus relationship instances the graph is aggregated on the driver, and at or below this many entities plus relationships the communities table is built there (the same rows as in Spark SQL, without a Spark job per shuffle: War and Peace's 535k instances in 21 s instead of 118 s on 2 cores); above, in Spark SQL. The driver's Python holds about 2 KB per instance while it aggregates (1.1 GB at 535k): lower it for a small driver. 0 = always Spark SQL."
+        1_000_000, ge=0, description="At or below this many entity plus relationship instances the graph is aggregated on the driver, and at or below this many entities plus relationships the communities table is built there (the same rows as in Spark SQL, without a Spark job per shuffle: War and Peace's 535k instances in 21 s instead of 118 s on 2 cores); above, in Spark SQL. The driver's Python holds about 1 KB per instance while it aggregates (812 MB at 535k): lower it for a small driver. 0 = always Spark SQL."
     )
     max_description_tokens: int = Field(
         4000, gt=0, description="A node's or edge's distinct instance descriptions are kept whole, most frequent first, then in source order, while they fit this many tokens (the input of its LLM summary)."

@@ -409,6 +409,7 @@ def driver_relationships(instances: pd.DataFrame, titles: set[str], cfg: GraphCo
     """``build_relationships`` over collected instances (source, target, text_unit_id, description,
     strength) between ``titles``, and the counts of what it drops."""
     groups: dict[tuple, list] = {}  # (source, target, description) -> [instances, weight, text units, first position]
+    foreign: set[tuple[str, str]] = set()  # edges with an endpoint that is not an entity: only counted
     loops = 0
     for source, target, unit, description, strength in zip(instances["source"], instances["target"],
                                                            instances["text_unit_id"], instances["description"],
@@ -417,7 +418,11 @@ def driver_relationships(instances: pd.DataFrame, titles: set[str], cfg: GraphCo
         if a is None or b is None or a == b:
             loops += 1
             continue
-        group = groups.setdefault((min(a, b), max(a, b), description), [0, 0.0, set(), None])
+        pair = (a, b) if a < b else (b, a)
+        if a not in titles or b not in titles:
+            foreign.add(pair)
+            continue
+        group = groups.setdefault((*pair, description), [0, 0.0, set(), None])
         group[0] += 1
         group[1] += 1.0 if cfg.edge_weight == "count" or strength is None or pd.isna(strength) else float(strength)
         if unit is not None:
@@ -432,11 +437,8 @@ def driver_relationships(instances: pd.DataFrame, titles: set[str], cfg: GraphCo
         edge["units"] |= units
         if _described(description):
             edge["descriptions"].append((-n, _null_first(position), description))
-    rows, foreign, cut = [], 0, 0
+    rows, cut = [], 0
     for (source, target), edge in edges.items():
-        if source not in titles or target not in titles:
-            foreign += 1
-            continue
         descriptions = [d for _, _, d in sorted(edge["descriptions"])]
         kept = _budgeted(descriptions, cfg.max_description_tokens)
         cut += len(descriptions) - len(kept)
@@ -444,7 +446,7 @@ def driver_relationships(instances: pd.DataFrame, titles: set[str], cfg: GraphCo
                      "description": "\n".join(kept) if kept else None, "descriptions": kept,
                      "weight": float(edge["weight"]), "text_unit_ids": sorted(edge["units"])})
     dropped = {"relationship instances dropped (self-loop or no name)": loops,
-               "relationships dropped (endpoint not an entity)": foreign,
+               "relationships dropped (endpoint not an entity)": len(foreign),
                "relationship descriptions dropped (over graph.max_description_tokens)": cut}
     columns = ["id", "source", "target", "description", "descriptions", "weight", "text_unit_ids"]
     return pd.DataFrame(rows, columns=columns), dropped
