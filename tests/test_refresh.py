@@ -159,7 +159,8 @@ def test_refresh_adds_and_deletes_documents_like_a_full_build_and_keeps_numbers(
               T.RELATIONSHIPS: ["id", "source", "target", "weight", "description", "text_unit_ids", "combined_degree"],
               T.CLAIMS: ["id", "text_unit_id", "subject", "description"]}
     for name, columns in tables.items():
-        assert table_rows(after, name, columns) == table_rows(reference, name, columns), f"{name} differs from a full build"
+        assert table_rows(after, name, columns) == table_rows(reference, name, columns), \
+            f"{name} differs from a full build"
 
     # Numbers are assigned once: every old entity keeps its number, new ones come after the largest.
     new_numbers = {r.id: r.human_readable_id for r in after.read(T.ENTITIES).collect()}
