@@ -24,7 +24,7 @@ if [ ! -f "$cached" ]; then
   # pip itself and bytecode caches are not needed on executors.
   "$build/venv/bin/python" -m pip uninstall --quiet --yes pip
   find "$build/venv" -name __pycache__ -type d -prune -exec rm -rf {} +
-  # gzip -1: compressing ~1.2 GB is the slowest step of the build, and the level barely changes unpacking time.
+  # gzip -1: compressing ~870 MB is the slowest step of the build, and the level barely changes unpacking time.
   tar -C "$build/venv" -cf - . | gzip -1 > "$cached.part" && mv "$cached.part" "$cached"
   rm -rf "$build"
   # An archive of older sources is never shipped again (each is ~400 MB).
