@@ -18,7 +18,7 @@ import pytest
 
 from graphrag_spark.config import SparkConfig
 from graphrag_spark.llm.server import start_server
-from graphrag_spark.session import local_jars
+from graphrag_spark.session import C1_ONLY, local_jars
 
 from conftest import REPO, SAMPLE_CORPUS, run_process, track
 from standalone_cluster import (SPARK_PYTHON_PATH, ProcessWatch, SeenProcess, StandaloneCluster, kill_process_tree,
@@ -32,9 +32,10 @@ KEY_ENV = "GRAPHRAG_CLUSTER_TEST_KEY"
 JOB_TIMEOUT_S = 900
 REPLACEMENT_TIMEOUT_S = 90  # a standalone master relaunches lost executors within seconds
 # A user's --conf for a tiny input: Delta reads its log in 50 tasks and Spark shuffles into 200 by default;
-# code generation costs more than it saves on a few kilobytes.
+# code generation costs more than it saves on a few kilobytes, and C2 in a driver that runs one job (a local
+# driver compiles with C1 only by default; a cluster's is the user's to set).
 SMALL_CLUSTER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2",
-                      **TINY_DATA_CONF}
+                      "spark.driver.extraJavaOptions": " ".join(C1_ONLY), **TINY_DATA_CONF}
 
 
 def _pack_env(tmp: Path) -> Path:
