@@ -209,7 +209,7 @@ def warm_python_workers(spark: SparkSession, modules: tuple[str, ...], encoding:
 
 def class_archive(cfg: SparkConfig) -> Path:
     """Where the driver JVM's class-data-sharing archive for this JDK and pyspark lives (``python -m
-    graphrag_spark.session --cds`` makes it; setup runs that). A change to either names another file, so
+    graphrag_spark.session --warm`` makes it; setup runs that). A change to either names another file, so
     a JVM never meets an archive made for another class path; classes of other JARs (``spark.jars``, loaded
     by Spark's own class loader) are used from it only where their bytes are the same, which the JVM checks."""
     import pyspark
@@ -315,19 +315,20 @@ def _package_zip(cache_dir: Path) -> str:
 
 def _main(argv: list[str]) -> None:
     """``--jars`` (default): the comma-separated local JAR paths; ``--packages``: the Maven coordinate;
-    ``--warm``: resolve and start one local session (setup uses it); ``--cds``: make the driver JVM's
-    class-data-sharing archive where there is none (setup uses it)."""
+    ``--warm`` (setup runs it): resolve what is not resolved, and make the driver JVM's class-data-sharing
+    archive where there is none, in one local session that also proves the JARs load."""
     cfg = SparkConfig()
     if argv == ["--warm"]:
-        build_spark(cfg, master="local[1]", extra_conf={"spark.ui.enabled": "false"}).stop()
-    elif argv == ["--cds"]:
-        print(make_class_archive(cfg))
+        if class_archive(cfg).is_file():
+            local_jars(cfg)
+        elif not make_class_archive(cfg).is_file():
+            print("note: no class-data-sharing archive for this JDK; Spark starts without it.", file=sys.stderr)
     elif argv == ["--packages"]:
         print(",".join([delta_coordinate(), *cfg.packages]))
     elif argv in ([], ["--jars"]):
         print(",".join(local_jars(cfg)))
     else:
-        raise SystemExit("usage: python -m graphrag_spark.session [--jars | --packages | --warm | --cds]")
+        raise SystemExit("usage: python -m graphrag_spark.session [--jars | --packages | --warm]")
 
 
 if __name__ == "__main__":

