@@ -156,14 +156,13 @@ def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.Comp
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-# Seconds the longest modules took in one pytest process (CI, 2 cores). xdist hands out whole files in
-# collection order (scripts/test.sh turns off its reordering by test count), so the longest go first and
-# the two workers end together. A stale figure costs minutes, never a result.
-_MODULE_SECONDS = {"test_refresh": 330, "test_refresh_llm": 270, "test_bad_input": 260, "test_llm_index": 240,
-                   "test_embedding_cache": 230, "test_raptor_spark": 130, "test_evaluation_e2e": 110,
-                   "test_graph_driver": 100, "test_cluster": 90, "test_compat": 85, "test_llm_stage": 80,
-                   "test_secret_leak": 60, "test_graph_spark": 60, "test_checkpoint": 55, "test_session": 55,
-                   "test_graph_backend": 45}
+# Seconds the longest modules took in one xdist worker (fresh-clone CI, 2 cores; the first ones beside the
+# early jobs). xdist hands out whole files in collection order (scripts/test.sh turns off its reordering by
+# test count), so the longest go first and the two workers end together. A stale figure costs minutes, never a result.
+_MODULE_SECONDS = {"test_refresh": 1000, "test_refresh_llm": 530, "test_llm_index": 450, "test_llm_stage": 160,
+                   "test_embedding_cache": 130, "test_graph_driver": 100, "test_raptor_spark": 80, "test_llm_client": 70,
+                   "test_evaluation_e2e": 60, "test_graph_spark": 60, "test_bad_input": 50, "test_cluster": 45,
+                   "test_secret_leak": 40, "test_session": 35, "test_checkpoint": 35, "test_query_search": 25}
 
 
 def pytest_collection_modifyitems(items):
