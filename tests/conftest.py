@@ -158,7 +158,8 @@ def run_process(command: list[str], timeout: float, **kwargs) -> subprocess.Comp
 
 # Seconds the longest modules took in one xdist worker (fresh-clone CI, 2 cores; the first ones beside the
 # early jobs). xdist hands out whole files in collection order (scripts/test.sh turns off its reordering by
-# test count), so the longest go first and the two workers end together. A stale figure costs minutes, never a result.
+# test count), so the longest go first and the two workers end together. A stale figure costs minutes, never
+# a result.
 _MODULE_SECONDS = {"test_refresh": 1000, "test_refresh_llm": 530, "test_llm_index": 450, "test_llm_stage": 160,
                    "test_embedding_cache": 130, "test_graph_driver": 100, "test_raptor_spark": 80, "test_llm_client": 70,
                    "test_evaluation_e2e": 60, "test_graph_spark": 60, "test_bad_input": 50, "test_cluster": 45,
