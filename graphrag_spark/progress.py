@@ -2,9 +2,10 @@
 
 The line shows the stage, its elapsed time, Spark's tasks done/total (from the status tracker) and,
 for an LLM stage, items done/total, calls, 429s, tokens, cost so far and an ETA. LLM figures come
-from a ``LlmMeter``: tasks add each finished partition's figures to a Spark accumulator, which the
-driver reads as tasks complete. On Spark Connect (no status tracker, no accumulators) the line
-shows elapsed time and the LLM figures wave by wave, as each wave's rows come back to the client.
+from a ``LlmMeter`` on the driver: each item's row as the stage's coordinator takes it from a task
+(so they move as items return, not when a task that may last the whole stage ends). On Spark
+Connect (no status tracker, no coordinator) the line shows elapsed time and the LLM figures wave by
+wave, as each wave's rows come back to the client.
 
 Jobs open a ``console_progress(spark)``; library code reports through ``stage()`` and
 ``llm_meter()``, which do nothing when no progress is open (tests, notebooks, the query API).
@@ -22,14 +23,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Iterable, Iterator
-
-from pyspark.accumulators import AccumulatorParam
+from typing import IO, Iterator
 
 from graphrag_spark.compat import is_connect
-
-# Accumulated per LLM stage, in this order.
-_FIELDS = ("items", "calls", "n_429", "prompt_tokens", "completion_tokens")
 
 
 @dataclass
@@ -73,69 +69,41 @@ def format_line(stage: str, elapsed_s: float, tasks: tuple[int, int] | None = No
     return "  ".join(parts)
 
 
-class _CountsParam(AccumulatorParam):
-    def zero(self, value):
-        return [0] * len(_FIELDS)
-
-    def addInPlace(self, value1, value2):
-        return [a + b for a, b in zip(value1, value2)]
-
-
-class LlmTally:
-    """The executor-side half of a meter: picklable, holds only the accumulator (None on Connect)."""
-
-    def __init__(self, accumulator):
-        self._accumulator = accumulator
-
-    def add(self, works: Iterable) -> None:
-        """Count one partition's finished items (``LlmWork`` objects with their ``calls``)."""
-        if self._accumulator is None:
-            return
-        totals = [0] * len(_FIELDS)
-        for work in works:
-            totals[0] += 1
-            for call in work.calls:
-                totals[1] += 1
-                totals[2] += call.n_429
-                totals[3] += call.prompt_tokens
-                totals[4] += call.completion_tokens
-        self._accumulator.add(totals)
-
-
 class LlmMeter:
-    """The driver-side half: totals, prices and what the tally has reported so far."""
+    """An LLM stage's figures for its progress line, fed on the driver (``result``, ``returned``)."""
 
-    def __init__(self, spark, stage: str, total: int, price_per_1k_prompt: float, price_per_1k_completion: float,
-                 live: bool = True):
+    def __init__(self, stage: str, total: int, price_per_1k_prompt: float, price_per_1k_completion: float):
         self.stage = stage
         self.total = total
         self.started = time.perf_counter()
         self._prices = (price_per_1k_prompt, price_per_1k_completion)
-        self._committed = 0
-        self._returned = [0] * len(_FIELDS)  # figures the driver saw itself (Spark Connect's waves)
-        accumulator = (spark.sparkContext.accumulator([0] * len(_FIELDS), _CountsParam())
-                       if live and not is_connect(spark) else None)
-        self._accumulator = accumulator
-        self.tally = LlmTally(accumulator)
+        self._lock = threading.Lock()  # rows come from the coordinator's request threads
+        self._seen = LlmCounts()
 
-    def committed(self, items: int) -> None:
-        """A batch of ``items`` was written (the only figure Spark Connect gives the driver)."""
-        self._committed += items
+    def result(self, row: dict) -> None:
+        """An item's ``llm_results`` row, as the coordinator took it from a task."""
+        self._add(1, row["n_calls"], row["n_429"], row["prompt_tokens"], row["completion_tokens"])
 
     def returned(self, figures, items: int) -> None:
-        """A wave of ``items`` came back to the driver with its usage ``figures`` (Spark Connect, no accumulator)."""
-        wave = (items, figures.calls, figures.n_429, figures.prompt_tokens, figures.completion_tokens)
-        self._returned = [a + b for a, b in zip(self._returned, wave)]
+        """A wave of ``items`` came back to the driver with its usage ``figures`` (Spark Connect)."""
+        self._add(items, figures.calls, figures.n_429, figures.prompt_tokens, figures.completion_tokens)
+
+    def _add(self, items: int, calls: int, n_429: int, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            seen = self._seen
+            seen.items_done += items
+            seen.calls += calls
+            seen.n_429 += n_429
+            seen.prompt_tokens += prompt_tokens
+            seen.completion_tokens += completion_tokens
 
     def counts(self) -> LlmCounts:
-        accumulated = self._accumulator.value if self._accumulator is not None else [0] * len(_FIELDS)
-        values = [a + b for a, b in zip(accumulated, self._returned)]
-        figures = dict(zip(_FIELDS, values))
-        cost = (figures["prompt_tokens"] / 1000 * self._prices[0]
-                + figures["completion_tokens"] / 1000 * self._prices[1])
-        return LlmCounts(items_done=min(self.total, max(figures["items"], self._committed)), items_total=self.total,
-                         calls=figures["calls"], n_429=figures["n_429"], prompt_tokens=figures["prompt_tokens"],
-                         completion_tokens=figures["completion_tokens"], cost_usd=cost)
+        with self._lock:
+            seen = self._seen
+            cost = seen.prompt_tokens / 1000 * self._prices[0] + seen.completion_tokens / 1000 * self._prices[1]
+            return LlmCounts(items_done=min(self.total, seen.items_done), items_total=self.total,
+                             calls=seen.calls, n_429=seen.n_429, prompt_tokens=seen.prompt_tokens,
+                             completion_tokens=seen.completion_tokens, cost_usd=cost)
 
 
 class ConsoleProgress:
@@ -273,10 +241,10 @@ def stage(name: str) -> Iterator[None]:
         yield
 
 
-def llm_meter(spark, stage_name: str, total: int, price_per_1k_prompt: float = 0.0,
+def llm_meter(stage_name: str, total: int, price_per_1k_prompt: float = 0.0,
               price_per_1k_completion: float = 0.0) -> LlmMeter:
     """A meter for an LLM stage's ``total`` pending items; shown on the open progress line, if any."""
-    meter = LlmMeter(spark, stage_name, total, price_per_1k_prompt, price_per_1k_completion, live=_active is not None)
+    meter = LlmMeter(stage_name, total, price_per_1k_prompt, price_per_1k_completion)
     if _active is not None:
         _active.track(meter)
     return meter

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -67,7 +68,9 @@ def test_a_stage_that_ends_shows_none_of_the_spark_tasks_of_the_stages_still_run
 
 
 @pytest.mark.spark
-def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_config, monkeypatch):
+def test_llm_stage_progress_lines_show_each_items_calls_and_tokens_as_it_returns(spark, make_config, monkeypatch):
+    """The stage's one task lasts the whole stage: its items' calls and tokens are on the line as each item
+    returns, not only when the task ends (which showed items moving with 0 calls and 0 tokens)."""
     from graphrag_spark import tables as T
     from graphrag_spark.llm.server import start_server
     from graphrag_spark.llm.stage import LlmWork, new_run_id, run_llm_stage
@@ -75,9 +78,9 @@ def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_co
     monkeypatch.setenv("GRAPHRAG_SPARK_PROGRESS", "log")
     monkeypatch.setenv("GRAPHRAG_SPARK_PROGRESS_EVERY_S", "0.2")
     out = io.StringIO()
-    with start_server(seed=3, latency_s=0.3) as server:
+    with start_server(seed=3, latency_s=0.4, latency_jitter_s=0.3) as server:
         cfg = make_config(f"llm.chat.api_base={server.base_url}", "llm.chat.model=local-model",
-                          "llm.items_per_commit=3", "llm.chat.price_per_1k_prompt=0.5")
+                          "llm.chat.concurrency=2", "llm.items_per_commit=3", "llm.chat.price_per_1k_prompt=0.5")
 
         async def echo(client, item: dict) -> LlmWork:
             call = await client.chat([{"role": "user", "content": f"Say something about {item['payload']}."}],
@@ -93,5 +96,10 @@ def test_llm_stage_progress_lines_come_from_the_accumulated_usage(spark, make_co
     assert final.startswith("[reports: echo] done")
     assert f"items 6/6  calls 6  429s 0  tokens {usage.prompt_tokens + usage.completion_tokens:,}" in final
     assert f"${usage.prompt_tokens / 1000 * 0.5:.4f}" in final and "ETA 0:00" in final
-    # The LLM figures are live while the stage runs (how far they have got depends on task timing).
-    assert any(line.startswith("[reports: echo]  ") and "items " in line for line in lines[:-1]), lines
+    # Live while the stage runs: two calls at a time for about 1.2 s, a line every 0.2 s.
+    partial = [line for line in lines[:-1] if re.search(r"items [1-5]/6", line)]
+    assert partial, lines
+    for line in partial:
+        items, calls, tokens = (int(re.search(pattern, line)[1].replace(",", ""))
+                                for pattern in (r"items (\d+)/", r"calls (\d+)", r"tokens ([\d,]+)"))
+        assert calls == items and tokens > 0, line

@@ -494,10 +494,10 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
                               tasks=min(n_tasks, default_parallelism(spark)),
                               follow=None if follow is None else follow_row, expected=n_pending,
                               fed=fed is not None)
-    coordinator.on_result = lambda row: meter.committed(1)
+    coordinator.on_result = meter.result
     if fed is not None:
         fed.attach(coordinator)
-    url, tally = coordinator.url, meter.tally  # the task closure carries the accumulator only, not the meter
+    url = coordinator.url
 
     def call_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from pyspark import TaskContext
@@ -508,7 +508,6 @@ def _run_coordinated(spark: SparkSession, store: T.TableStore, llm: LlmConfig, m
         # input numbers its attempts from 0 again, and would be taken for the lost attempt.
         works = asyncio.run(_run_task(records, url, safe_fn, model, row_of, context.partitionId(),
                                       context.taskAttemptId()))
-        tally.add(works)
         yield pd.DataFrame({"n": [len(works)]})
 
     group = f"llm-stage-{secrets.token_hex(4)}"
@@ -755,7 +754,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     def row_of(record: dict, work: LlmWork) -> dict:
         return _work_row(run_id, stage, model_name, record["item_key"], record["item_id"], work)
 
-    meter = llm_meter(spark, stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
+    meter = llm_meter(stage, n_pending, model.price_per_1k_prompt, model.price_per_1k_completion)
     figures = UsageFigures()
     if n_pending or feed is not None:
         if is_connect(spark):
