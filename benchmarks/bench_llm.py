@@ -180,7 +180,7 @@ def run_embed_bench(corpus: str, rpm: int, latency: float, chunk_size: int, max_
         embed.DRIVER_EMBED_ROWS = 0  # the executor path whatever the corpus's size (the client decides it)
         server.reset()
         started = time.monotonic()
-        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))[0]
         wall = time.monotonic() - started
         served, stats = server.served_intervals("embeddings"), server.stats()
         commits = store.version(T.EMBEDDING_CACHE) + 1  # on --connect, one a wave

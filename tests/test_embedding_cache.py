@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from pyspark.sql import functions as F
@@ -105,7 +107,7 @@ def test_driver_path_writes_what_the_executor_path_writes_also_on_refresh(spark,
                                   f"storage.root={tmp_path / path / step}")
                 store = _store_with_inputs(spark, cfg, units)
                 previous = T.TableStore(spark, make_config(f"storage.root={tmp_path / path / 'full'}").storage)
-                counts = embed.build_embeddings(spark, store, cfg, previous if step == "refresh" else None)
+                counts = embed.build_embeddings(spark, store, cfg, previous if step == "refresh" else None)[0]
                 run.append((counts, _tables(store)))
             assert len(driver_calls) == (4 if path == "driver" else 0), "each stage took the path the threshold says"
             results[path] = run
@@ -123,7 +125,7 @@ def test_offline_driver_path_matches_the_executors(spark, make_config, tmp_path,
         monkeypatch.setattr(embed, "DRIVER_EMBED_ROWS", threshold)
         cfg = make_config(f"storage.root={tmp_path / path}")
         store = _store_with_inputs(spark, cfg)
-        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))[0]
         assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 5,
                           "text_unit_embeddings failed": 0}
         vectors[path] = _tables(store, (T.TEXT_UNIT_EMBEDDINGS,))[T.TEXT_UNIT_EMBEDDINGS]
@@ -141,7 +143,7 @@ def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_fail
 
         store = _store_with_inputs(spark, config(failing.base_url))
         counts = embed.build_embeddings(spark, store, config(failing.base_url, "llm.max_failed_share=1"),
-                                        names=(T.TEXT_UNIT_EMBEDDINGS,))
+                                        names=(T.TEXT_UNIT_EMBEDDINGS,))[0]
         assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 4,
                           "text_unit_embeddings failed": 5}, "a failed text fails each row that holds it"
         cfg = config(failing.base_url)
@@ -155,7 +157,7 @@ def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_fail
         _text_units_until_the_driver_dies_writing(spark, store, cfg, monkeypatch, T.TEXT_UNIT_EMBEDDINGS)
         assert server.stats()["served"]["embeddings"] == 4, "distinct texts only, the null one as the empty text"
 
-        counts = embed.build_embeddings(spark, store, cfg)
+        counts = embed.build_embeddings(spark, store, cfg)[0]
         assert server.stats()["served"]["embeddings"] == 4 + 3, "the text units' vectors come from the cache"
         assert counts == {"text_unit_embeddings rows": 5, "text_unit_embeddings texts embedded": 0,
                           "text_unit_embeddings failed": 0, "entity_embeddings rows": 3,
@@ -163,6 +165,47 @@ def test_driver_path_pays_a_text_once_caches_it_before_the_table_and_counts_fail
         tables = _tables(store)
         assert tables[T.TEXT_UNIT_EMBEDDINGS]["u1"] == tables[T.TEXT_UNIT_EMBEDDINGS]["u3"]
         assert store.read(T.EMBEDDING_CACHE).count() == 7
+
+
+@pytest.mark.parametrize("path", ["driver", "executors"])
+def test_an_embedding_stage_records_its_calls_429s_tokens_timings_and_cost_in_llm_usage(spark, make_config, tmp_path,
+                                                                                        monkeypatch, path):
+    """The endpoint's batches are paid calls: each embedding stage has its ``llm_usage`` row as a chat stage has,
+    on the driver path and on the executor path (where the batches' outcomes come back with the job that
+    writes their vectors), with what the server saw: calls answered, 429s, prompt tokens."""
+    monkeypatch.setattr(embed, "DRIVER_EMBED_ROWS", embed.DRIVER_EMBED_ROWS if path == "driver" else 0)
+    with start_server(seed=7, rate_429=0.4, retry_after_s=0.05, latency_s=0.05) as server:
+        cfg = make_config("embeddings.provider=openai", "embeddings.batch_size=1", "llm.embedding.max_retries=20",
+                          f"llm.embedding.api_base={server.base_url}", "llm.embedding.price_per_1k_prompt=0.5",
+                          f"storage.root={tmp_path}")
+        store = _store_with_inputs(spark, cfg)
+        counts, [usage] = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,), run_id="first")
+        stats = server.stats()
+        _, [again] = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,), run_id="again")
+    assert counts["text_unit_embeddings texts embedded"] == 4 and counts["text_unit_embeddings failed"] == 0
+    assert (usage.stage, usage.items, usage.cache_hits) == (T.TEXT_UNIT_EMBEDDINGS, 5, 1), "5 rows, 4 distinct texts"
+    assert usage.calls == stats["served"]["embeddings"] == 4 and usage.failures == 0
+    assert usage.n_429 == usage.retries == stats["injected"]["429"] > 0, "seed 7 injects 429s into these calls"
+    assert usage.prompt_tokens == stats["prompt_tokens"] > 0 and usage.completion_tokens == 0
+    assert usage.est_cost_usd == round(usage.prompt_tokens / 1000 * 0.5, 6)
+    assert usage.latency_p50_s >= 0.05 and usage.queue_p95_s >= 0.05, "service time apart from the 429s' waits"
+    assert (again.calls, again.cache_hits, again.prompt_tokens) == (0, 5, 0), "a rerun's vectors all from the cache"
+    rows = {r.run_id: r for r in store.read(T.LLM_USAGE).collect()}
+    assert rows.keys() == {"first", "again"} and rows["first"].asDict() == {"run_id": "first", **usage.__dict__}
+
+
+def test_a_connect_client_that_cannot_read_observed_metrics_records_no_embedding_usage_rather_than_a_wrong_one(
+        make_config, monkeypatch, caplog):
+    """A pyspark 3.5 Connect client's ``Observation`` cannot be read: the executor path's batches are unseen, so
+    the stage has no ``llm_usage`` row (a row of zero calls would be wrong), and a warning says why."""
+    monkeypatch.setattr(embed, "is_connect", lambda spark: True)
+    monkeypatch.setattr(embed.pyspark, "__version__", "3.5.6")
+    calls = embed.EmbeddingCalls()
+    frame = SimpleNamespace(sparkSession=None)
+    observed, collect = calls.observing(frame)
+    collect()
+    assert observed is frame and calls.usage(T.TEXT_UNIT_EMBEDDINGS, 10, 0, make_config()) is None
+    assert "not in llm_usage" in caplog.text
 
 
 def test_executor_tasks_in_waves_share_the_budget_of_the_tasks_that_run_at_once(spark, make_config):
@@ -199,7 +242,7 @@ def test_a_crash_before_the_cache_commit_pays_for_no_returned_batch_again(spark,
         journal = stage_journal(store, f"embeddings-{T.TEXT_UNIT_EMBEDDINGS}")
         assert paid > 0 and journal.exists()
 
-        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))
+        counts = embed.build_embeddings(spark, store, cfg, names=(T.TEXT_UNIT_EMBEDDINGS,))[0]
         assert server.stats()["served"]["embeddings"] == paid, "the rerun paid again for journaled batches"
         assert counts["text_unit_embeddings texts embedded"] == 0 and not journal.exists()
         assert store.read(T.EMBEDDING_CACHE).count() == 4

@@ -192,12 +192,12 @@ def test_an_embedder_without_a_set_concurrency_sends_its_batches_at_once_paced_b
         settings = model_cfg(server).model_dump(exclude={"concurrency"})
         unset = EmbeddingModelConfig(**settings)
         started = time.monotonic()
-        vectors, errors = OpenAIEmbedder(unset, batch_size=1).embed_batches(texts)
+        vectors, outcomes = OpenAIEmbedder(unset, batch_size=1).embed_batches(texts)
         at_once = time.monotonic() - started
         started = time.monotonic()
         OpenAIEmbedder(EmbeddingModelConfig(**settings, concurrency=5), batch_size=1).embed_batches(texts)
         bounded = time.monotonic() - started
-    assert not errors and len(vectors) == 20
+    assert all(outcome.ok for outcome in outcomes) and len(vectors) == 20
     assert at_once < 2.5 and bounded >= 4.0, (at_once, bounded)  # 20 calls of 1 s: one round, or four of five
 
 

@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import math
 import os
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
+import pyspark
 from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType, StructField, StructType
 from threadpoolctl import threadpool_limits
 
 from graphrag_spark import tables as T
@@ -43,11 +47,14 @@ from graphrag_spark.compat import default_parallelism, is_connect, llm_tasks
 from graphrag_spark.config import Config
 from graphrag_spark.embeddings import OfflineMiniLM, OpenAIEmbedder
 from graphrag_spark.errors import StageFailed
-from graphrag_spark.llm.client import task_concurrency
-from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json, read_journal
+from graphrag_spark.llm.client import EmbedResult, task_concurrency
+from graphrag_spark.llm.coordinator import DriverEndpoint, Journal, post_json, read_journal, usage_of
 from graphrag_spark.llm.secrets import ensure_api_key
-from graphrag_spark.llm.stage import connect_waves, driver_host, recover_journal, stage_journal
+from graphrag_spark.llm.stage import (StageUsage, connect_waves, driver_host, new_run_id, record_usage, recover_journal,
+                                      stage_journal, stage_usage)
 from graphrag_spark.llm.throttle import wave_items
+
+log = logging.getLogger(__name__)
 
 # Up to this many input rows a stage embeds on the driver (one collect, one write: ~10 Spark jobs, most of
 # them Delta's; the executor path costs ~30, 11-19 s on 2 cores for 40 texts as for 300). At 1,000 texts
@@ -69,15 +76,40 @@ def _embedder(cfg: Config, share: float) -> OpenAIEmbedder | OfflineMiniLM:
 
 
 def _vectors(embedder: OpenAIEmbedder | OfflineMiniLM, texts: list[str],
-             on_batch: Callable[[int, np.ndarray], None] | None = None) -> list[list[float] | None]:
-    """One vector per text (a null text is the empty one), as lists; None where an endpoint batch finally
-    failed. ``on_batch``: see ``OpenAIEmbedder.embed_batches``."""
+             on_batch: Callable[[int, np.ndarray], None] | None = None,
+             ) -> tuple[list[list[float] | None], list[EmbedResult]]:
+    """One vector per text (a null text is the empty one), as lists, None where an endpoint batch finally
+    failed; and the endpoint batches' outcomes (none offline). ``on_batch``: see ``OpenAIEmbedder.embed_batches``."""
     texts = [text if isinstance(text, str) else "" for text in texts]
+    outcomes: list[EmbedResult] = []
     if isinstance(embedder, OpenAIEmbedder):
-        vectors = embedder.embed_batches(texts, on_batch)[0]
+        vectors, outcomes = embedder.embed_batches(texts, on_batch)
     else:
         vectors = list(embedder.embed(texts))  # one call: sorted by length over the whole batch
-    return [None if v is None else v.tolist() for v in vectors]
+    return [None if v is None else v.tolist() for v in vectors], outcomes
+
+
+# An endpoint batch's outcome rides on one row of the frame that embeds it (a task's k-th row carries its k-th
+# batch; a batch holds at least one text), so that the job that writes the vectors also brings back what its
+# calls cost (``EmbeddingCalls.observing``): no second pass over a frame whose recomputation would pay again.
+_BATCH_FIELDS = [StructField("batch_attempts", IntegerType()), StructField("batch_429s", IntegerType()),
+                 StructField("batch_prompt_tokens", LongType()), StructField("batch_latency_s", DoubleType()),
+                 StructField("batch_queue_s", DoubleType()), StructField("batch_error", StringType())]
+_EMBEDDED_SCHEMA = StructType(T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS].fields + _BATCH_FIELDS)
+
+
+def _batch_frame(outcomes: list[EmbedResult], rows: int) -> pd.DataFrame:
+    """The batch columns of a task's ``rows`` output rows."""
+    values = [(o.attempts, o.n_429, o.prompt_tokens, o.latency_s, o.queue_s, o.error) for o in outcomes]
+    values += [(None,) * len(_BATCH_FIELDS)] * (rows - len(outcomes))
+    return pd.DataFrame(values, columns=[f.name for f in _BATCH_FIELDS], dtype=object)
+
+
+def _batch_usage(outcome: EmbedResult) -> dict:
+    """One endpoint batch as a row ``usage_of`` sums (an ``llm_results`` row's usage fields)."""
+    return {"n_calls": 1, "attempts": outcome.attempts, "n_429": outcome.n_429, "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": 0, "call_latencies": [outcome.latency_s], "queue_waits": [outcome.queue_s],
+            "error": outcome.error}
 
 
 def task_share(spark: SparkSession, partitions: int) -> float:
@@ -91,10 +123,15 @@ def task_share(spark: SparkSession, partitions: int) -> float:
 
 
 def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str | None = None) -> DataFrame:
-    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors. With ``journal_url``
-    (a ``VectorJournal``'s, the ids being text hashes), a task first takes back the vectors of its ids
-    already returned (a retried task's) and embeds only the others, posting each endpoint batch's ids
-    and vectors there as the batch returns."""
+    """``(id, text)`` rows -> ``(id, vector, model_name)`` rows, embedded in executors (``_embedded``)."""
+    return _embedded(frame, cfg, partitions, journal_url).select(*T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS].fieldNames())
+
+
+def _embedded(frame: DataFrame, cfg: Config, partitions: int, journal_url: str | None = None) -> DataFrame:
+    """``embed_texts`` with the endpoint batches' outcomes (``_BATCH_FIELDS``). With ``journal_url`` (a
+    ``VectorJournal``'s, the ids being text hashes), a task first takes back the vectors of its ids already
+    returned (a retried task's) and embeds only the others, posting each endpoint batch's ids and vectors
+    there as the batch returns."""
     model_name, share = embedding_model_name(cfg), task_share(frame.sparkSession, partitions)
     if cfg.embeddings.provider == "openai":
         ensure_api_key(cfg.llm.embedding)
@@ -107,7 +144,7 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str
             for part in parts:
                 ids, texts = part["id"].tolist(), part["text"].tolist()
                 if journal_url is None:
-                    vectors = _vectors(embedder, texts)
+                    vectors, outcomes = _vectors(embedder, texts)
                 else:
                     known = post_json(f"{journal_url}/returned", {"ids": ids})
                     todo = [i for i, key in enumerate(ids) if key not in known]
@@ -117,12 +154,14 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str
                         post_json(f"{journal_url}/vectors", {"ids": todo_ids[start : start + len(rows)],
                                                              "vectors": [_packed(row) for row in rows]})
 
-                    fresh = dict(zip(todo, _vectors(embedder, [texts[i] for i in todo], post)))
+                    embedded, outcomes = _vectors(embedder, [texts[i] for i in todo], post)
+                    fresh = dict(zip(todo, embedded))
                     vectors = [fresh[i] if i in fresh else _unpacked(known[key]) for i, key in enumerate(ids)]
-                yield pd.DataFrame({"id": np.array(ids, dtype=object), "vector": vectors, "model_name": model_name},
-                                   dtype=object)
+                yield pd.concat([pd.DataFrame({"id": np.array(ids, dtype=object), "vector": vectors,
+                                               "model_name": model_name}, dtype=object),
+                                 _batch_frame(outcomes, len(ids))], axis=1)
 
-    return frame.repartition(partitions).mapInPandas(run, T.SCHEMAS[T.TEXT_UNIT_EMBEDDINGS])
+    return frame.repartition(partitions).mapInPandas(run, _EMBEDDED_SCHEMA)
 
 
 # threadpool_limits sets the process's BLAS threads: two stages embedding on the driver at once would
@@ -130,8 +169,8 @@ def embed_texts(frame: DataFrame, cfg: Config, partitions: int, journal_url: str
 _DRIVER_BLAS = threading.Lock()
 
 
-def _embed_on_driver(texts: list[str], cfg: Config,
-                     on_batch: Callable[[int, np.ndarray], None] | None = None) -> list[list[float] | None]:
+def _embed_on_driver(texts: list[str], cfg: Config, on_batch: Callable[[int, np.ndarray], None] | None = None,
+                     ) -> tuple[list[list[float] | None], list[EmbedResult]]:
     if cfg.embeddings.provider == "openai":
         ensure_api_key(cfg.llm.embedding)
         return _vectors(_embedder(cfg, 1.0), texts, on_batch)  # the driver is the only caller: the whole budget
@@ -229,14 +268,58 @@ def _recovered_journal(spark: SparkSession, store: T.TableStore, name: str) -> P
     return path
 
 
+class EmbeddingCalls:
+    """What one embedding stage sent to the endpoint, for its ``llm_usage`` row: the texts, and each batch as a
+    row ``usage_of`` sums (None once some could not be seen: executors' batches on a Spark Connect client of
+    pyspark 3.5, which cannot read the metrics a job observes)."""
+
+    def __init__(self) -> None:
+        self.texts = 0
+        self.batches: list[dict] | None = []
+        self.started = time.perf_counter()
+
+    def add(self, outcomes: list[EmbedResult]) -> None:
+        if self.batches is not None:
+            self.batches += [_batch_usage(outcome) for outcome in outcomes]
+
+    def observing(self, frame: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
+        """``frame`` (``_embedded`` rows) observed, and what to call once an action ran it: adds its batches."""
+        if is_connect(frame.sparkSession) and int(pyspark.__version__.split(".")[0]) < 4:
+            self.batches = None
+            return frame, lambda: None
+        observation = Observation()
+        batch = F.struct(*(F.col(field.name) for field in _BATCH_FIELDS))
+        observed = frame.observe(observation, F.collect_list(F.when(F.col("batch_attempts").isNotNull(), batch))
+                                 .alias("batches"))
+
+        def collect() -> None:
+            self.add([EmbedResult(attempts=b[0], n_429=b[1], prompt_tokens=b[2], latency_s=b[3], queue_s=b[4],
+                                  error=b[5]) for b in observation.get["batches"]])
+
+        return observed, collect
+
+    def usage(self, name: str, items: int, failed: int, cfg: Config) -> StageUsage | None:
+        """The stage's usage (``name``: its table; ``items``: its rows, ``failed`` of them without a vector), None
+        where its calls could not all be seen."""
+        if self.batches is None:
+            log.warning("Embedding stage %s: its calls are not in llm_usage (a Spark Connect client of pyspark "
+                        "3.5 cannot read what executors observed).", name)
+            return None
+        usage = stage_usage(name, usage_of(self.batches), items, items - self.texts, cfg.llm.embedding,
+                            time.perf_counter() - self.started)
+        usage.failures = failed
+        return usage
+
+
 def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg: Config, rows: int,
-                 name: str) -> tuple[DataFrame, int]:
+                 name: str, calls: EmbeddingCalls | None = None) -> tuple[DataFrame, int]:
     """``(id, text)`` rows -> ``(id, vector, model_name)`` rows and the number of texts sent to the model.
 
     With the ``openai`` provider, only distinct texts missing from ``embedding_cache`` are
     requested; their vectors are journaled as they return (the journal of the stage ``name``) and
     appended to the cache before the result is read from it (on Spark Connect, appended wave by wave).
-    The offline encoder is deterministic and free: it computes every row.
+    The offline encoder is deterministic and free: it computes every row. ``calls``: where the endpoint
+    batches' usage goes.
     """
     if cfg.embeddings.provider != "openai":
         return embed_texts(frame, cfg, _partitions(spark, rows, cfg.llm.items_per_commit)), rows
@@ -253,11 +336,16 @@ def embed_cached(spark: SparkSession, store: T.TableStore, frame: DataFrame, cfg
                .select(F.col("text_hash").alias("id"), "text")).persist()
     n_missing, mean_chars = missing.agg(F.count("*"), F.avg(F.length("text"))).first()
 
+    calls = calls or EmbeddingCalls()
+    calls.texts += n_missing
+
     def append_to_cache(fresh: DataFrame) -> None:
-        store.write(fresh.where(F.col("vector").isNotNull())
+        observed, collect = calls.observing(fresh)
+        store.write(observed.where(F.col("vector").isNotNull())
                     .select(F.lit(model).alias("model"), F.lit(dimensions).alias("dimensions"),
                             F.col("id").alias("text_hash"), "vector", F.current_timestamp().alias("created_at")),
                     T.EMBEDDING_CACHE, mode="append", counted=False)
+        collect()
 
     try:
         if n_missing and is_connect(spark):
@@ -281,7 +369,7 @@ def _embed_journaled(missing: DataFrame, n_missing: int, cfg: Config, journal: J
     rows_per_task = max(cfg.llm.items_per_commit,
                         min(JOURNALED_ROWS_PER_TASK, math.ceil(n_missing / default_parallelism(spark))))
     try:
-        append_to_cache(embed_texts(missing, cfg, _partitions(spark, n_missing, rows_per_task), endpoint.url))
+        append_to_cache(_embedded(missing, cfg, _partitions(spark, n_missing, rows_per_task), endpoint.url))
     finally:
         endpoint.close()
         journal.close()
@@ -305,7 +393,7 @@ def _embed_in_waves(missing: DataFrame, n_missing: int, mean_chars: float, cfg: 
                               model.tokens_per_minute / max(1.0, batch_size * mean_chars / _CHARS_PER_TOKEN))
     texts = batch_size * wave_items(requests_per_minute, cfg.llm.connect_wave_s, 1.0, cfg.llm.items_per_commit)
     for wave, expected in connect_waves(missing, "id", n_missing, lambda: texts):
-        append_to_cache(embed_texts(wave, cfg, llm_tasks(missing.sparkSession, math.ceil(expected / batch_size))))
+        append_to_cache(_embedded(wave, cfg, llm_tasks(missing.sparkSession, math.ceil(expected / batch_size))))
 
 
 def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[str, list[float]]:
@@ -319,13 +407,14 @@ def _cached_vectors(store: T.TableStore, cfg: Config, hashes: set[str]) -> dict[
 
 
 def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: Config, name: str,
-                           known: dict[str, list[float]] | None = None) -> tuple[list[list[float] | None], int]:
+                           calls: EmbeddingCalls, known: dict[str, list[float]] | None = None,
+                           ) -> tuple[list[list[float] | None], int]:
     """``embed_cached`` for texts held by the driver: one vector per text (None: failed) and the number of
     texts sent to the model. New endpoint vectors are journaled as their batch returns, then appended to
     ``embedding_cache`` in one commit. ``known``: vectors by text hash this process has from the cache
     already (only the other texts are looked up)."""
     if cfg.embeddings.provider != "openai":
-        return (_embed_on_driver(texts, cfg) if texts else []), len(texts)
+        return (_embed_on_driver(texts, cfg)[0] if texts else []), len(texts)
     journal_path = _recovered_journal(store.spark, store, name)
     hashes = [python_text_hash(text) for text in texts]
     known = known or {}
@@ -342,7 +431,10 @@ def _embed_cached_on_driver(store: T.TableStore, texts: list[str | None], cfg: C
             journal.append(_journal_rows(cfg, keys[start : start + len(rows)], [_packed(row) for row in rows]))
 
         try:
-            fresh = dict(zip(keys, _embed_on_driver(list(missing.values()), cfg, journaled)))
+            embedded, outcomes = _embed_on_driver(list(missing.values()), cfg, journaled)
+            calls.texts += len(missing)
+            calls.add(outcomes)
+            fresh = dict(zip(keys, embedded))
             model, dimensions = _cache_key(cfg)
             now = datetime.now(timezone.utc)
             paid = [(model, dimensions, key, vector, now) for key, vector in fresh.items() if vector is not None]
@@ -379,7 +471,8 @@ SUMMARY_ROUND_S = 30.0
 
 
 def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cfg: Config, entities: list[dict],
-                                    awaited: set[str], summaries) -> dict[str, int]:
+                                    awaited: set[str], summaries, run_id: str,
+                                    ) -> tuple[dict[str, int], list[StageUsage]]:
     """The entity embeddings stage of a full build beside the summaries: fill ``embedding_cache`` with the
     entity texts while the descriptions are summarized, first every entity not ``awaited`` (its description is
     final), then the summarized ones as their summaries come (``summaries``: the summaries' ``Feed`` of
@@ -387,15 +480,16 @@ def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cf
     the last awaited summary has come. Then the stage's table, from the entities' final texts (those the
     summaries write to ``entities``, so the stage neither waits for that write nor reads it back) and, on
     the driver path, the vectors at hand. ``entities``: rows with ``id``, ``title`` and ``description`` as
-    the graph wrote them. Returns ``build_embeddings``' counts and the texts sent beside the summaries."""
-    name = T.ENTITY_EMBEDDINGS
+    the graph wrote them. Returns ``build_embeddings``' counts with the texts sent beside the summaries, and
+    its usage (the calls beside the summaries included)."""
+    name, calls = T.ENTITY_EMBEDDINGS, EmbeddingCalls()
     final = {row["id"]: python_entity_text(row["title"], row["description"]) for row in entities}
     waiting = {row["id"]: row for row in entities if row["id"] in awaited}
     # Vectors kept for the driver path only: it is the one that would read them back (and they are small there).
     vectors: dict[str, list[float]] | None = {} if len(entities) <= DRIVER_EMBED_ROWS else None
 
     def embed(texts: list[str]) -> int:
-        embedded, sent = _embed_cached_on_driver(store, texts, cfg, name)
+        embedded, sent = _embed_cached_on_driver(store, texts, cfg, name, calls)
         if vectors is not None:
             vectors.update((python_text_hash(text), vector) for text, vector in zip(texts, embedded) if vector is not None)
         return sent
@@ -415,8 +509,9 @@ def embed_entities_beside_summaries(spark: SparkSession, store: T.TableStore, cf
         if closed and left:
             raise RuntimeError(f"internal error: {len(left)} summaries awaited by the entity embeddings never came")
     texts = T.local_frame(spark, final.items(), "id string, text string")
-    counts = build_embeddings(spark, store, cfg, None, (name,), known=vectors, texts=texts)
-    return {**counts, "entity texts embedded beside the summaries": sent}
+    counts, usages = build_embeddings(spark, store, cfg, None, (name,), known=vectors, texts=texts, run_id=run_id,
+                                      calls=calls)
+    return {**counts, "entity texts embedded beside the summaries": sent}, usages
 
 
 def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name: str) -> DataFrame:
@@ -429,22 +524,23 @@ def _reusable(name: str, current: DataFrame, previous: T.TableStore, model_name:
 
 
 def _build_in_executors(spark: SparkSession, store: T.TableStore, cfg: Config, name: str, frame: DataFrame,
-                        previous: T.TableStore | None) -> tuple[int, int, int]:
+                        previous: T.TableStore | None, calls: EmbeddingCalls) -> tuple[int, int, int]:
     rows = frame.count()
     kept = _reusable(name, frame, previous, embedding_model_name(cfg)) if previous is not None else None
     if kept is not None:  # read as of the last run's version: still readable after the overwrite
         todo = frame.join(kept.select("id"), "id", "left_anti")
         n_todo = todo.count()
-        vectors, requested = embed_cached(spark, store, todo, cfg, n_todo, name) if n_todo else (None, 0)
+        vectors, requested = embed_cached(spark, store, todo, cfg, n_todo, name, calls) if n_todo else (None, 0)
         store.write(kept if vectors is None else kept.unionByName(vectors), name, counted=False)
     else:
-        vectors, requested = embed_cached(spark, store, frame, cfg, rows, name)
+        vectors, requested = embed_cached(spark, store, frame, cfg, rows, name, calls)
         store.write(vectors, name, counted=False)
     return rows, requested, store.read(name).where(F.col("vector").isNull()).count()
 
 
 def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name: str, collected: list,
-                     previous: T.TableStore | None, known: dict[str, list[float]] | None) -> tuple[int, int, int]:
+                     previous: T.TableStore | None, known: dict[str, list[float]] | None,
+                     calls: EmbeddingCalls) -> tuple[int, int, int]:
     """The executor path's table from the ``(id, text)`` rows in the driver, written once."""
     model_name = embedding_model_name(cfg)
     kept: list = []
@@ -453,7 +549,7 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
         kept = [(r.id, r.vector) for r in reusable.select("id", "vector").collect()]
     kept_ids = {key for key, _ in kept}
     todo = [r for r in collected if r.id not in kept_ids]
-    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name, known)
+    vectors, requested = _embed_cached_on_driver(store, [r.text for r in todo], cfg, name, calls, known)
     out = [(key, vector, model_name) for key, vector in kept] + [(r.id, v, model_name) for r, v in zip(todo, vectors)]
     store.write(T.local_frame(spark, out, T.SCHEMAS[name]), name, counted=False)
     return len(collected), requested, sum(v is None for v in vectors)
@@ -461,23 +557,35 @@ def _build_on_driver(spark: SparkSession, store: T.TableStore, cfg: Config, name
 
 def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
                      previous: T.TableStore | None = None, names: tuple[str, ...] = EMBEDDED,
-                     known: dict[str, list[float]] | None = None, texts: DataFrame | None = None) -> dict[str, int]:
-    """Write the embeddings tables ``names`` (both by default); returns counts for the run summary.
+                     known: dict[str, list[float]] | None = None, texts: DataFrame | None = None,
+                     run_id: str | None = None, calls: EmbeddingCalls | None = None,
+                     ) -> tuple[dict[str, int], list[StageUsage]]:
+    """Write the embeddings tables ``names`` (both by default); returns counts for the run summary and, with
+    the ``openai`` provider, each table's usage, also recorded in ``llm_usage`` (as run ``run_id``; a new
+    run id where None).
 
     With ``previous`` (the last run's tables) a row whose text did not change keeps its vector:
     only new or changed texts (and earlier failures) are embedded. ``known``: cached vectors by text
     hash the caller holds (a table the driver builds does not read them back). ``texts``: the ``(id,
-    text)`` rows of the one table ``names`` names, as the caller made them (not read from its input)."""
+    text)`` rows of the one table ``names`` names, as the caller made them (not read from its input).
+    ``calls``: what that one table's stage sent before (its usage counts them too)."""
     counts: dict[str, int] = {}
+    usages: list[StageUsage] = []
     failures = []
+    run_id = run_id or new_run_id()
     for name in names:
+        stage_calls = calls or EmbeddingCalls()
         frame = embedding_input(store, name) if texts is None else texts
         # One more row than the driver takes: a large table costs a short read, then the executor path.
         collected = frame.limit(DRIVER_EMBED_ROWS + 1).collect()
         if len(collected) <= DRIVER_EMBED_ROWS:
-            rows, requested, failed = _build_on_driver(spark, store, cfg, name, collected, previous, known)
+            rows, requested, failed = _build_on_driver(spark, store, cfg, name, collected, previous, known, stage_calls)
         else:
-            rows, requested, failed = _build_in_executors(spark, store, cfg, name, frame, previous)
+            rows, requested, failed = _build_in_executors(spark, store, cfg, name, frame, previous, stage_calls)
+        usage = stage_calls.usage(name, rows, failed, cfg) if cfg.embeddings.provider == "openai" else None
+        if usage is not None:
+            record_usage(spark, store, run_id, usage)
+            usages.append(usage)
         counts[f"{name} rows"] = rows
         counts[f"{name} texts embedded"] = requested
         counts[f"{name} failed"] = failed
@@ -486,4 +594,4 @@ def build_embeddings(spark: SparkSession, store: T.TableStore, cfg: Config,
     if failures:
         raise StageFailed(f"Embeddings failed for {' and '.join(failures)} (more than llm.max_failed_share = "
                           f"{cfg.llm.max_failed_share}); rows with a null vector in those tables are the failed items.")
-    return counts
+    return counts, usages

@@ -281,5 +281,5 @@ def import_msgraphrag(spark, store, folder: str | Path, cfg) -> dict[str, int]:
     for name, frame in load_msgraphrag(folder).items():
         store.write(spark.createDataFrame(frame, SCHEMAS[name]), name)
         counts[name] = len(frame)
-    counts.update(build_embeddings(spark, store, cfg))
+    counts.update(build_embeddings(spark, store, cfg)[0])
     return counts

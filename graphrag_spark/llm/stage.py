@@ -794,7 +794,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
         n_items, cache_hits = n_items + len(followed), len(cached) + len(follow.cache_hits)
         answers.update(follow.answered)
         listed = few + follow.items
-    usage = _usage(stage, figures, n_items, cache_hits, model, time.perf_counter() - started)
+    usage = stage_usage(stage, figures, n_items, cache_hits, model, time.perf_counter() - started)
     if on_driver:
         answers.update({row["item_key"]: (row["result"], row["error"]) for row in returned})
         # From pandas: a local relation, which the caller's reads (and checkpoints) take from the plan, no job.
@@ -815,11 +815,7 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     # failed items are this run's error rows (no scan of llm_results).
     n_failed = figures.failed_items
     usage.failures = n_failed
-    usage_row = {"run_id": run_id, **usage.__dict__}
-    if store.deferred_usage is not None:  # the job appends its stages' rows at its end
-        store.deferred_usage.append(usage_row)
-    else:
-        append_usage(spark, store, [usage_row])
+    record_usage(spark, store, run_id, usage)
     if usage.cut_at_max_tokens:
         log.warning("LLM stage '%s': %d answers stopped at their max_tokens, and what they would have said past it "
                     "is lost (each was parsed up to the cut). Raise the stage's max_tokens to keep it.",
@@ -832,14 +828,23 @@ def run_llm_stage(spark: SparkSession, store: T.TableStore, llm: LlmConfig, mode
     return outcome, usage
 
 
+def record_usage(spark: SparkSession, store: T.TableStore, run_id: str, usage: StageUsage) -> None:
+    """A stage's ``llm_usage`` row: kept for the job's one commit at its end where it defers them, else appended."""
+    row = {"run_id": run_id, **usage.__dict__}
+    if store.deferred_usage is not None:
+        store.deferred_usage.append(row)
+    else:
+        append_usage(spark, store, [row])
+
+
 def append_usage(spark: SparkSession, store: T.TableStore, rows: list[dict]) -> None:
     """``llm_usage`` rows in one commit."""
     if rows:
         store.write(T.local_frame(spark, rows, T.SCHEMAS[T.LLM_USAGE]), T.LLM_USAGE, mode="append", counted=False)
 
 
-def _usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, model: LlmModelConfig,
-           wall_s: float) -> StageUsage:
+def stage_usage(stage: str, figures: UsageFigures, n_items: int, cache_hits: int, model: LlmModelConfig,
+                wall_s: float) -> StageUsage:
     usage = StageUsage(stage=stage, items=n_items, cache_hits=cache_hits, wall_s=round(wall_s, 2),
                        calls=figures.calls, retries=figures.attempts - figures.calls, n_429=figures.n_429,
                        prompt_tokens=figures.prompt_tokens, completion_tokens=figures.completion_tokens,

@@ -118,7 +118,7 @@ class GraphRagIndex:
     def build_embeddings(self) -> dict[str, int]:
         """(Re)compute the embeddings stage of an index built before it existed."""
         self._vectors.clear()
-        counts = build_embeddings(self.spark, T.TableStore(self.spark, self.cfg.storage), self.cfg)
+        counts = build_embeddings(self.spark, T.TableStore(self.spark, self.cfg.storage), self.cfg)[0]
         if self.store.versions is not None:  # published with the index's run: include the new tables
             self.store.versions.update({name: self.store.version(name) for name in (T.TEXT_UNIT_EMBEDDINGS, T.ENTITY_EMBEDDINGS)})
         return counts
