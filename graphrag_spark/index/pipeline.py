@@ -511,28 +511,28 @@ def reports_stage(run: Run) -> None:
                   run.feed("community_reports", SUMMARIES), run.summarized_ids)
 
 
-def _embedded(run: Run, built: tuple[dict[str, int], list[StageUsage]]) -> None:
+def _record_embeddings(run: Run, built: tuple[dict[str, int], list[StageUsage]]) -> None:
     counts, usages = built
     run.summary.counts.update(counts)
     run.summary.usage += usages
 
 
 def text_unit_embeddings_stage(run: Run) -> None:
-    _embedded(run, build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.TEXT_UNIT_EMBEDDINGS,),
-                                    run_id=run.run_id))
+    _record_embeddings(run, build_embeddings(run.spark, run.store, run.cfg, run.previous,
+                                             (T.TEXT_UNIT_EMBEDDINGS,), run_id=run.run_id))
 
 
 def entity_embeddings_stage(run: Run) -> None:
     summaries = run.feed("entity_embeddings", SUMMARIES)
     if summaries is not None and run.summarized_ids is not None and run.cfg.embeddings.provider == "openai":
         entities = [row.asDict() for row in run.table(T.ENTITIES).select("id", "title", "description").collect()]
-        _embedded(run, embed_entities_beside_summaries(run.spark, run.store, run.cfg, entities, run.summarized_ids,
-                                                       summaries, run.run_id))
+        _record_embeddings(run, embed_entities_beside_summaries(run.spark, run.store, run.cfg, entities,
+                                                                run.summarized_ids, summaries, run.run_id))
         return
     if summaries is not None:
         summaries.all()  # the entities as the summaries leave them
-    _embedded(run, build_embeddings(run.spark, run.store, run.cfg, run.previous, (T.ENTITY_EMBEDDINGS,),
-                                    run_id=run.run_id))
+    _record_embeddings(run, build_embeddings(run.spark, run.store, run.cfg, run.previous,
+                                             (T.ENTITY_EMBEDDINGS,), run_id=run.run_id))
 
 
 SUMMARIES = "summarize_descriptions"
